@@ -1,0 +1,146 @@
+"""The gguf-repack command line: a thin layer over the library.
+
+Exit codes: 0 success; 1 verify found a mismatch; 2 bad input or an unusable output,
+reported as one line ``error: <message>`` on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import sys
+
+import click
+
+from . import __version__
+from .errors import RepackError
+
+
+def _fail(message: str, code: int = 2):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _reports_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RepackError as e:
+            _fail(str(e))
+        except BrokenPipeError:  # `gguf-repack inspect ... | head`: the reader left; not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+        except OSError as e:  # disk full, permissions, I/O errors
+            where = f"{e.filename}: " if e.filename else ""
+            _fail(f"{where}{e.strerror or e}")
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+    return wrapper
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'4GB' -> 4_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000."""
+    m = _SIZE.match(text)
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a size like 4GB, 500MB or 1GiB")
+    unit = (m[2] or "").lower().removesuffix("b")
+    if unit not in _UNITS:
+        raise click.BadParameter(f"{text!r}: unknown unit")
+    return int(float(m[1]) * _UNITS[unit])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gguf-repack")
+def main():
+    """Re-tile GGUF models, losslessly, into a planar layout for batched GPU inference."""
+
+
+@main.command()
+@click.argument("src", metavar="IN.gguf")
+@click.argument("out", metavar="OUT_DIR")
+@click.option("--force", is_flag=True, help="Replace OUT_DIR if it is a previous gguf-repack output.")
+@click.option("--max-shard-size", default="4GB", show_default=True,
+              help="Largest safetensors file (a tensor larger than this gets a file of its own).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+@_reports_errors
+def convert(src, out, force, max_shard_size, progress):
+    """Convert IN.gguf (or the first shard of a split set) into OUT_DIR."""
+    from .convert import convert as run
+
+    if progress is None:
+        progress = sys.stderr.isatty()
+    summary = run(src, out, force=force, max_shard_size=parse_size(max_shard_size),
+                  progress=progress)
+    click.echo(summary.line())
+
+
+@main.command()
+@click.argument("path", metavar="PATH")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+@_reports_errors
+def inspect(path, as_json):
+    """Summarize a GGUF file or an output directory: metadata and a tensor table."""
+    from .inspect import describe
+
+    info = describe(path)
+    if as_json:
+        click.echo(json.dumps(info, indent=1, default=str))
+        return
+    click.echo(f"{info['path']}: {info['kind']}")
+    for f in info["files"]:
+        click.echo(f"  file {f['file']}: {f['size']:,} bytes, {f['tensors']} tensors")
+    for key, value in info.get("summary", {}).items():
+        click.echo(f"  {key} = {value}")
+    if "format" in info:
+        click.echo(f"  format {info['format']}, {len(info['shards'])} shard(s), "
+                   f"{info['output_bytes']:,} bytes")
+    types = ", ".join(f"{n} {t}" for t, n in info["types"].items())
+    click.echo(f"  {len(info['tensors'])} tensors ({types}), {info['tensor_bytes']:,} bytes")
+    width = max([len(t["name"]) for t in info["tensors"]] + [4])
+    click.echo(f"\n{'name':<{width}}  {'type':<8} {'shape':<20} {'bpw':>7} {'bytes':>14}")
+    for t in info["tensors"]:
+        bpw = f"{t['bits_per_weight']:.4g}" if t["bits_per_weight"] is not None else "?"
+        shape = "x".join(map(str, t["shape"]))
+        click.echo(f"{t['name']:<{width}}  {t['type']:<8} {shape:<20} {bpw:>7} {t['bytes']:>14,}")
+
+
+@main.command()
+@click.argument("out", metavar="OUT_DIR")
+@click.option("--against", metavar="IN.gguf", default=None,
+              help="Also compare every tensor with this source file's bytes.")
+@_reports_errors
+def verify(out, against):
+    """Recompute checksums from the planes. Exit 0 when all match, 1 when any does not."""
+    from .export import verify as run
+
+    report = run(out, against=against)
+    for line in report.mismatches:
+        click.echo(f"mismatch: {line}")
+    if not report.ok:
+        click.echo(f"verify: {len(report.mismatches)} mismatch(es) in {report.checked} checks",
+                   err=True)
+        sys.exit(1)
+    click.echo(f"verify: ok, {report.checked} checks"
+               + (f", identical to {against}" if against else ""))
+
+
+@main.command()
+@click.argument("out", metavar="OUT_DIR")
+@click.argument("dest", metavar="BACK.gguf")
+@click.option("--force", is_flag=True, help="Overwrite existing files.")
+@_reports_errors
+def export(out, dest, force):
+    """Rebuild the source GGUF file(s), byte for byte, from OUT_DIR."""
+    from .export import export as run
+
+    for path in run(out, dest, force=force):
+        click.echo(f"wrote {path}")

@@ -1,0 +1,342 @@
+"""convert: GGUF -> an rp1 output directory, streaming, atomically.
+
+Order of work, and why:
+1. Scan and validate every source header (and split shard) before anything is created, so
+   bad input leaves nothing behind.
+2. Plan every safetensors entry and shard, so each file's header is written first and the
+   data then streams in: memory stays bounded by `CHUNK_BYTES`, whatever the model's size.
+3. One background thread reads the sources sequentially for the file and per-tensor sha256
+   (hashlib releases the GIL), while the main thread re-tiles chunks of rows and writes them.
+4. Everything goes into a temporary sibling directory; the manifest is written last and the
+   directory renamed into place. An interrupted run leaves no output, only its temporary
+   directory (removed on any error this process sees).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .errors import FormatError, OutputError
+from .layout import LAYOUT, blocks_shape, pack, plane_shapes
+from .manifest import (FORMAT, FORMAT_VERSION, INDEX, PlaneRecord, TensorRecord, gaps_name,
+                       header_name, is_output_dir, shard_name, write_manifest)
+from .reader import GGUFSet, TensorInfo, open_gguf
+from .safetensors_io import Entry, layout_file, pread_into, pwrite_all, st_dtype
+
+CHUNK_BYTES = 16 << 20  # source bytes re-tiled at a time
+DEFAULT_MAX_SHARD_SIZE = 4_000_000_000
+
+
+@dataclass
+class ConvertSummary:
+    output: Path
+    n_tensors: int
+    types: Counter
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+
+    def line(self) -> str:
+        types = ", ".join(f"{n} {t}" for t, n in self.types.most_common())
+        return (f"converted {self.n_tensors} tensors ({types}): {_mb(self.bytes_in)} -> "
+                f"{_mb(self.bytes_out)} in {self.seconds:.2f} s -> {self.output}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+@dataclass
+class _Planned:
+    source: int  # index into the set's files
+    info: TensorInfo
+    entries: list[Entry]  # one per plane (rp1), or the tensor itself (plain)
+    shard: int = 0
+
+
+def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False,
+            max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, progress: bool = False) -> ConvertSummary:
+    """Convert the GGUF model at `src` (a file, or the first shard of a split set) into the
+    output directory `out`. Raises RepackError for bad input or an unusable `out`."""
+    t0 = time.perf_counter()
+    gset = open_gguf(src)
+    out = Path(out)
+    _check_output(out, force)
+    planned = _plan(gset)
+    n_shards = _assign_shards(planned, max_shard_size)
+
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        tmp.mkdir()
+    except OSError as e:
+        raise OutputError(f"{out}: cannot create the output ({e.strerror})") from None
+    try:
+        hashes = _Hasher(gset)
+        hashes.start()
+        _write_shards(gset, planned, n_shards, tmp, progress)
+        index = {"metadata": {"total_size": sum(e.nbytes for p in planned for e in p.entries)},
+                 "weight_map": {e.key: shard_name(p.shard + 1, n_shards)
+                                for p in planned for e in p.entries}}
+        (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+        sources = [_write_source_record(f, i, tmp) for i, f in enumerate(gset.files)]
+        hashes.join_checked()
+        for i, s in enumerate(sources):
+            s["sha256"] = hashes.file_sha256[i]
+        tensors = [_tensor_record(p, n_shards, hashes.tensor_sha256[p.source][p.info.name])
+                   for p in planned]
+        write_manifest(tmp, {
+            "format": FORMAT, "format_version": FORMAT_VERSION,
+            "created_by": f"gguf-repack {__version__}",
+            "sources": sources,
+            "shards": [shard_name(i + 1, n_shards) for i in range(n_shards)],
+            "tensors": [t.to_json() for t in tensors],
+        })
+        _move_into_place(tmp, out, force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    bytes_out = sum(f.stat().st_size for f in out.iterdir())
+    return ConvertSummary(out, len(planned), Counter(p.info.type.name for p in planned),
+                          gset.size, bytes_out, time.perf_counter() - t0)
+
+
+def _check_output(out: Path, force: bool) -> None:
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise OutputError(f"{out}: already exists (use --force to replace a previous "
+                              f"gguf-repack output)")
+        if not out.is_dir() or out.is_symlink() or not is_output_dir(out):
+            raise OutputError(f"{out}: exists and is not a gguf-repack output directory; "
+                              f"--force only replaces those")
+    if not out.parent.is_dir():
+        raise OutputError(f"{out}: parent directory {out.parent} does not exist")
+
+
+def _plan(gset: GGUFSet) -> list[_Planned]:
+    planned, keys = [], {}
+    for source, info in gset.tensors:
+        qtype = info.type
+        if qtype.is_quantized:
+            shapes = plane_shapes(info.shape, qtype)
+            entries = [Entry(f"{info.name}.{f.name}", st_dtype(f.plane_dtype), shapes[f.name])
+                       for f in qtype.fields]
+        else:
+            entries = [Entry(info.name, qtype.plain_dtype, info.shape)]
+        for e in entries:
+            if e.key in keys:
+                raise FormatError(f"{gset.files[source].path}: tensor {info.name!r} would be "
+                                  f"stored under the key {e.key!r}, which tensor "
+                                  f"{keys[e.key]!r} already uses")
+            keys[e.key] = info.name
+        planned.append(_Planned(source, info, entries))
+    return planned
+
+
+def _assign_shards(planned: list[_Planned], max_shard_size: int) -> int:
+    shard, size = 0, 0
+    for p in planned:
+        n = sum(e.nbytes for e in p.entries)
+        if size and size + n > max_shard_size:
+            shard, size = shard + 1, 0
+        p.shard, size = shard, size + n
+    return shard + 1
+
+
+def _write_shards(gset: GGUFSet, planned: list[_Planned], n_shards: int, tmp: Path,
+                  progress: bool) -> None:
+    from tqdm import tqdm
+
+    sources = [os.open(f.path, os.O_RDONLY) for f in gset.files]
+    bar = tqdm(total=sum(p.info.nbytes for p in planned), unit="B", unit_scale=True,
+               desc="convert", disable=not progress, file=sys.stderr)
+    try:
+        for shard in range(n_shards):
+            members = [p for p in planned if p.shard == shard]
+            header = layout_file([e for p in members for e in p.entries],
+                                 {"format": "pt", "producer": FORMAT})
+            fd = os.open(tmp / shard_name(shard + 1, n_shards), os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                pwrite_all(fd, header, 0)
+                for p in members:
+                    if p.info.type.is_quantized:
+                        _write_rp1(sources[p.source], fd, p)
+                    else:
+                        _copy_range(sources[p.source], fd, p.info.file_offset,
+                                    p.entries[0].offset, p.info.nbytes)
+                    bar.update(p.info.nbytes)
+            finally:
+                os.close(fd)
+    finally:
+        bar.close()
+        for fd in sources:
+            os.close(fd)
+
+
+def _write_rp1(src_fd: int, dst_fd: int, p: _Planned) -> None:
+    """Re-tile one tensor, a chunk of whole rows at a time, into its planes."""
+    qtype, info = p.info.type, p.info
+    *lead, n_rows, n_blocks, type_size = blocks_shape(info.shape, qtype)
+    n_lead = int(np.prod(lead, dtype=np.int64))
+    row_bytes = n_blocks * type_size
+    rows_per_chunk = max(1, CHUNK_BYTES // max(row_bytes, 1))
+    fields = list(zip(qtype.fields, p.entries))
+    for r in range(n_lead):
+        for n0 in range(0, n_rows, rows_per_chunk):
+            rows = min(rows_per_chunk, n_rows - n0)
+            blocks = np.empty((rows, n_blocks, type_size), np.uint8)
+            pread_into(src_fd, blocks, info.file_offset + (r * n_rows + n0) * row_bytes)
+            planes = pack(blocks, qtype)  # each [B, rows, count]
+            for f, entry in fields:
+                run = f.size  # bytes of one row's field, per block column
+                base = entry.offset + r * n_blocks * n_rows * run
+                plane = planes[f.name]
+                if rows == n_rows:
+                    pwrite_all(dst_fd, plane, base)
+                else:
+                    for b in range(n_blocks):
+                        pwrite_all(dst_fd, plane[b], base + (b * n_rows + n0) * run)
+
+
+def _copy_range(src_fd: int, dst_fd: int, src_offset: int, dst_offset: int, n: int) -> None:
+    done = 0
+    while done < n:
+        try:
+            k = os.copy_file_range(src_fd, dst_fd, n - done, src_offset + done, dst_offset + done)
+        except OSError:  # a filesystem pair that refuses it: copy through memory
+            k = 0
+        if k == 0:
+            buf = np.empty(min(CHUNK_BYTES, n - done), np.uint8)
+            pread_into(src_fd, buf, src_offset + done)
+            pwrite_all(dst_fd, buf, dst_offset + done)
+            k = len(buf)
+        done += k
+
+
+def _write_source_record(f, i: int, tmp: Path) -> dict:
+    """The verbatim header and every byte no tensor covers (padding, usually zero), so that
+    export needs nothing but the output directory."""
+    with open(f.path, "rb") as src:
+        header = src.read(f.header_size)
+        covered = sorted((t.file_offset, t.file_offset + t.nbytes) for t in f.tensors)
+        gaps, stored, pos = [], bytearray(), f.header_size
+        for start, end in covered + [(f.size, f.size)]:
+            if start > pos:
+                src.seek(pos)
+                data = src.read(start - pos)
+                gap = {"offset": pos, "length": start - pos, "stored_at": None}
+                if any(data):
+                    gap["stored_at"] = len(stored)
+                    stored += data
+                gaps.append(gap)
+            pos = max(pos, end)
+    (tmp / header_name(i)).write_bytes(header)
+    if stored:
+        (tmp / gaps_name(i)).write_bytes(stored)
+    return {
+        "file": f.path.name, "size": f.size, "sha256": None,
+        "gguf_version": f.version, "alignment": f.alignment, "data_offset": f.data_offset,
+        "n_tensors": len(f.tensors),
+        "header": {"file": header_name(i), "size": f.header_size,
+                   "sha256": hashlib.sha256(header).hexdigest()},
+        "gaps": gaps, "gaps_file": gaps_name(i) if stored else None,
+    }
+
+
+def _tensor_record(p: _Planned, n_shards: int, sha256: str) -> TensorRecord:
+    info, qtype = p.info, p.info.type
+    if qtype.is_quantized:
+        planes = [PlaneRecord(f.name, e.key, e.dtype, list(e.shape))
+                  for f, e in zip(qtype.fields, p.entries)]
+    else:
+        e = p.entries[0]
+        planes = [PlaneRecord("data", e.key, e.dtype, list(e.shape))]
+    return TensorRecord(
+        name=info.name, type=qtype.name, type_id=qtype.id, ggml_dims=list(info.dims),
+        shape=list(info.shape), layout=LAYOUT if qtype.is_quantized else "plain",
+        shard=shard_name(p.shard + 1, n_shards), planes=planes,
+        source={"file": p.source, "offset": info.file_offset, "nbytes": info.nbytes,
+                "sha256": sha256})
+
+
+class _Hasher(threading.Thread):
+    """sha256 of each source file and of each tensor's bytes, in one sequential read."""
+
+    def __init__(self, gset: GGUFSet):
+        super().__init__(daemon=True, name="gguf-repack-hash")
+        self.gset = gset
+        self.file_sha256: list[str] = []
+        self.tensor_sha256: list[dict[str, str]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for f in self.gset.files:
+                self._hash_file(f)
+        except BaseException as e:  # re-raised in the main thread
+            self.error = e
+
+    def _hash_file(self, f) -> None:
+        whole = hashlib.sha256()
+        per_tensor = {}
+        spans = sorted((t.file_offset, t.file_offset + t.nbytes, t.name) for t in f.tensors)
+        buf = bytearray(CHUNK_BYTES)
+        view = memoryview(buf)
+        k, open_spans = 0, []  # spans overlapping the current chunk, in offset order
+        with open(f.path, "rb", buffering=0) as src:
+            pos = 0
+            while pos < f.size:
+                n = src.readinto(buf)
+                if not n:
+                    raise FormatError(f"{f.path}: the file shrank while being converted")
+                chunk = view[:n]
+                whole.update(chunk)
+                end = pos + n
+                while k < len(spans) and spans[k][0] < end:
+                    open_spans.append((spans[k], hashlib.sha256()))
+                    k += 1
+                still_open = []
+                for (start, stop, name), h in open_spans:
+                    h.update(chunk[max(start, pos) - pos : min(stop, end) - pos])
+                    if stop > end:
+                        still_open.append(((start, stop, name), h))
+                    else:
+                        per_tensor[name] = h.hexdigest()
+                open_spans = still_open
+                pos = end
+        for start, stop, name in spans[k:]:  # empty tensors at the very end
+            per_tensor[name] = hashlib.sha256().hexdigest()
+        for (_, _, name), h in open_spans:
+            per_tensor[name] = h.hexdigest()
+        self.file_sha256.append(whole.hexdigest())
+        self.tensor_sha256.append(per_tensor)
+
+    def join_checked(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _move_into_place(tmp: Path, out: Path, force: bool) -> None:
+    if force and out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        try:
+            os.rename(tmp, out)
+        except OSError as e:
+            raise OutputError(f"{out}: could not move the output into place ({e.strerror})") from None

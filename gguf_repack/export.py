@@ -1,0 +1,166 @@
+"""export (output directory -> the source GGUF files, byte for byte) and verify."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import FormatError, OutputError
+from .output_dir import OutputDir
+from .reader import SPLIT_NAME, open_gguf
+from .safetensors_io import pread_into, pwrite_all
+
+
+def export(out_dir: str | os.PathLike, dest: str | os.PathLike, *, force: bool = False) -> list[Path]:
+    """Rebuild the source GGUF file(s) from `out_dir` and check their sha256.
+
+    `dest` is the file to write; for a split source it is the first shard's path
+    (NAME-00001-of-0000N.gguf) or a directory, and every shard is written beside it.
+    Returns the paths written."""
+    with OutputDir(out_dir) as od:
+        targets = _targets(od, Path(dest))
+        for t in targets:
+            if t.exists() and not force:
+                raise OutputError(f"{t}: already exists (use --force to overwrite)")
+            if not t.parent.is_dir():
+                raise OutputError(f"{t}: directory {t.parent} does not exist")
+        tmps = [t.with_name(f".{t.name}.tmp-{uuid.uuid4().hex[:12]}") for t in targets]
+        try:
+            for i, tmp in enumerate(tmps):
+                _write_source(od, i, tmp)
+            for tmp, t in zip(tmps, targets):
+                os.replace(tmp, t)
+        except BaseException:
+            for tmp in tmps:
+                tmp.unlink(missing_ok=True)
+            raise
+    return targets
+
+
+def _targets(od: OutputDir, dest: Path) -> list[Path]:
+    names = [s["file"] for s in od.sources]
+    if dest.is_dir():
+        return [dest / n for n in names]
+    if len(names) == 1:
+        return [dest]
+    m = SPLIT_NAME.match(dest.name)
+    if not m or int(m["no"]) != 1 or int(m["count"]) != len(names):
+        raise OutputError(f"{dest}: the source is split into {len(names)} shards; give a "
+                          f"directory or a first-shard name NAME-00001-of-{len(names):05d}.gguf")
+    return [dest.with_name(f"{m['prefix']}-{i:05d}-of-{len(names):05d}.gguf")
+            for i in range(1, len(names) + 1)]
+
+
+def _write_source(od: OutputDir, i: int, path: Path) -> None:
+    source = od.sources[i]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        pwrite_all(fd, od.header_bytes(i), 0)
+        for offset, data in od.gap_bytes(i):
+            if data is not None:
+                pwrite_all(fd, data, offset)
+        for t in od.tensors:
+            if t.source["file"] == i:
+                for off, chunk in od.source_chunks(t):
+                    pwrite_all(fd, chunk, t.source["offset"] + off)
+        os.ftruncate(fd, source["size"])  # zero gaps at the end
+    finally:
+        os.close(fd)
+    digest = _sha256_file(path)
+    if digest != source["sha256"]:
+        raise FormatError(f"{od.path}: rebuilt {source['file']} has sha256 {digest}, the "
+                          f"source had {source['sha256']}: the output is damaged "
+                          f"(run gguf-repack verify)")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(16 << 20)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+@dataclass
+class VerifyReport:
+    checked: int = 0
+    mismatches: list[str] = field(default_factory=list)  # one line each
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def verify(out_dir: str | os.PathLike, against: str | os.PathLike | None = None) -> VerifyReport:
+    """Recompute every tensor's sha256 from its planes, and the headers' sha256; with
+    `against`, also compare every rebuilt tensor and header with that GGUF model's bytes.
+
+    Returns a report; raises RepackError only when the input cannot be read at all."""
+    report = VerifyReport()
+    with OutputDir(out_dir) as od:
+        source_set = open_gguf(against) if against is not None else None
+        if source_set is not None and len(source_set.files) != len(od.sources):
+            report.mismatches.append(f"{against}: {len(source_set.files)} file(s), the output "
+                                     f"was made from {len(od.sources)}")
+            source_set = None
+        by_name = {}
+        if source_set is not None:
+            by_name = {t.name: (i, t) for i, t in source_set.tensors}
+        fds = [os.open(f.path, os.O_RDONLY) for f in source_set.files] if source_set else []
+        try:
+            for i, source in enumerate(od.sources):
+                _verify_header(od, i, source, source_set, report)
+            for t in od.tensors:
+                _verify_tensor(od, t, by_name, fds, report)
+        finally:
+            for fd in fds:
+                os.close(fd)
+    return report
+
+
+def _verify_header(od: OutputDir, i: int, source: dict, source_set, report: VerifyReport) -> None:
+    try:
+        header = od.header_bytes(i)
+    except OSError as e:
+        report.mismatches.append(f"header of {source['file']}: unreadable ({e.strerror})")
+        return
+    report.checked += 1
+    if hashlib.sha256(header).hexdigest() != source["header"]["sha256"]:
+        report.mismatches.append(f"header of {source['file']}: checksum mismatch")
+    elif source_set is not None:
+        with open(source_set.files[i].path, "rb") as f:
+            if f.read(len(header)) != header:
+                report.mismatches.append(f"header of {source['file']}: differs from "
+                                         f"{source_set.files[i].path}")
+
+
+def _verify_tensor(od: OutputDir, t, by_name: dict, fds: list[int], report: VerifyReport) -> None:
+    report.checked += 1
+    h = hashlib.sha256()
+    src = by_name.get(t.name) if by_name else None
+    if by_name and src is None:
+        report.mismatches.append(f"{t.name}: not in the source model")
+    elif src is not None and (src[1].type.name != t.type or list(src[1].dims) != t.ggml_dims):
+        report.mismatches.append(f"{t.name}: source has {src[1].type.name} {list(src[1].dims)}, "
+                                 f"output has {t.type} {t.ggml_dims}")
+        src = None
+    differs = False
+    try:
+        for off, chunk in od.source_chunks(t):
+            h.update(chunk)
+            if src is not None and not differs:
+                ref = chunk.copy()
+                pread_into(fds[src[0]], ref, src[1].file_offset + off)
+                differs = not (ref == chunk).all()
+    except FormatError as e:
+        report.mismatches.append(f"{t.name}: unreadable ({e})")
+        return
+    if h.hexdigest() != t.source["sha256"]:
+        report.mismatches.append(f"{t.name}: checksum mismatch (planes damaged)")
+    elif differs:
+        report.mismatches.append(f"{t.name}: differs from the source file's bytes")

@@ -1,0 +1,108 @@
+"""manifest.json: the authority on what an output directory holds.
+
+Written last by `convert`: a directory without a complete manifest is not an output.
+It records the source files (name, size, sha256, verbatim header, non-zero gaps), and for
+every tensor its GGUF name, type, ggml dims, torch shape, layout, planes (safetensors key,
+dtype, shape, file), its byte range in the source and the sha256 of those bytes.
+
+Format version 1. Readers refuse a format or version they do not know.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import FormatError
+
+FORMAT = "gguf-repack"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+INDEX = "model.safetensors.index.json"
+
+
+def shard_name(i: int, count: int) -> str:
+    return f"model-{i:05d}-of-{count:05d}.safetensors"
+
+
+def header_name(i: int) -> str:
+    return f"gguf-header-{i + 1:05d}.bin"
+
+
+def gaps_name(i: int) -> str:
+    return f"gguf-gaps-{i + 1:05d}.bin"
+
+
+@dataclass
+class PlaneRecord:
+    field: str
+    key: str
+    dtype: str  # safetensors dtype
+    shape: list[int]
+
+
+@dataclass
+class TensorRecord:
+    name: str
+    type: str
+    type_id: int
+    ggml_dims: list[int]
+    shape: list[int]
+    layout: str  # "rp1" for quantized tensors, "plain" for float/int tensors
+    shard: str
+    planes: list[PlaneRecord]
+    source: dict[str, Any]  # file (index), offset (absolute), nbytes, sha256
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TensorRecord":
+        return cls(**{**d, "planes": [PlaneRecord(**p) for p in d["planes"]]})
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["planes"] = [p.__dict__ for p in self.planes]
+        return d
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    tmp = directory / (MANIFEST + ".partial")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, directory / MANIFEST)
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    """The manifest of an output directory, with its format and version checked."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        what = "no such directory" if not directory.exists() else "not a directory"
+        raise FormatError(f"{directory}: {what} (expected a gguf-repack output directory)")
+    if not path.is_file():
+        raise FormatError(f"{directory}: no {MANIFEST}: not a complete gguf-repack output "
+                          f"(an interrupted convert leaves none)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: unreadable ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FormatError(f"{path}: not a {FORMAT} manifest")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{path}: format version {version!r} is not supported by this "
+                          f"gguf-repack (it reads version {FORMAT_VERSION})")
+    for key in ("sources", "tensors", "shards"):
+        if not isinstance(manifest.get(key), list):
+            raise FormatError(f"{path}: missing or malformed {key!r}")
+    return manifest
+
+
+def is_output_dir(directory: Path) -> bool:
+    try:
+        read_manifest(directory)
+        return True
+    except FormatError:
+        return False

@@ -1,0 +1,107 @@
+"""Reading an output directory back: manifest, shard headers, and each tensor's source bytes
+rebuilt from its planes (the inverse of convert), a bounded chunk at a time."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FormatError
+from .layout import blocks_shape, unpack
+from .manifest import TensorRecord, read_manifest
+from .safetensors_io import Entry, pread_into, read_header
+from .type_table import TYPES_BY_NAME, GGMLType
+
+CHUNK_BYTES = 16 << 20
+
+
+class OutputDir:
+    """An opened gguf-repack output directory. Use as a context manager (shard files stay open)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.sources: list[dict] = self.manifest["sources"]
+        try:
+            self.tensors = [TensorRecord.from_json(t) for t in self.manifest["tensors"]]
+        except TypeError as e:
+            raise FormatError(f"{self.path}/manifest.json: malformed tensor record ({e})") from None
+        self._entries: dict[str, dict[str, Entry]] = {}
+        self._fds: dict[str, int] = {}
+
+    def __enter__(self) -> "OutputDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def qtype(self, t: TensorRecord) -> GGMLType:
+        qtype = TYPES_BY_NAME.get(t.type)
+        if qtype is None or qtype.id != t.type_id:
+            raise FormatError(f"{self.path}: tensor {t.name!r} has type {t.type} "
+                              f"(id {t.type_id}), unknown to this gguf-repack")
+        return qtype
+
+    def entry(self, t: TensorRecord, key: str) -> tuple[int, Entry]:
+        """File descriptor and safetensors entry of one plane."""
+        if t.shard not in self._entries:
+            shard = self.path / t.shard
+            if shard.resolve().parent != self.path.resolve():
+                raise FormatError(f"{self.path}: tensor {t.name!r} names a shard outside "
+                                  f"the directory: {t.shard!r}")
+            self._entries[t.shard] = read_header(shard)[0]
+            self._fds[t.shard] = os.open(shard, os.O_RDONLY)
+        entry = self._entries[t.shard].get(key)
+        if entry is None:
+            raise FormatError(f"{self.path / t.shard}: no entry {key!r} for tensor {t.name!r}")
+        return self._fds[t.shard], entry
+
+    def source_chunks(self, t: TensorRecord) -> Iterator[tuple[int, np.ndarray]]:
+        """(offset in the tensor's source bytes, uint8 array) pieces, in order, that together
+        are exactly the tensor's bytes in the source GGUF file."""
+        qtype = self.qtype(t)
+        if not qtype.is_quantized:
+            fd, e = self.entry(t, t.planes[0].key)
+            for off in range(0, e.nbytes, CHUNK_BYTES):
+                buf = np.empty(min(CHUNK_BYTES, e.nbytes - off), np.uint8)
+                pread_into(fd, buf, e.offset + off, str(self.path / t.shard))
+                yield off, buf
+            return
+        *lead, n_rows, n_blocks, type_size = blocks_shape(tuple(t.shape), qtype)
+        row_bytes = n_blocks * type_size
+        rows_per_chunk = max(1, CHUNK_BYTES // max(row_bytes, 1))
+        planes = {p.field: self.entry(t, p.key) for p in t.planes}
+        for r in range(int(np.prod(lead, dtype=np.int64))):
+            for n0 in range(0, n_rows, rows_per_chunk):
+                rows = min(rows_per_chunk, n_rows - n0)
+                chunk = {}
+                for f in qtype.fields:
+                    fd, e = planes[f.name]
+                    plane = np.empty((n_blocks, rows, f.count), f.plane_dtype)
+                    base = e.offset + r * n_blocks * n_rows * f.size
+                    if rows == n_rows:
+                        pread_into(fd, plane, base)
+                    else:
+                        for b in range(n_blocks):
+                            pread_into(fd, plane[b], base + (b * n_rows + n0) * f.size)
+                    chunk[f.name] = plane
+                yield (r * n_rows + n0) * row_bytes, unpack(chunk, qtype).reshape(-1)
+
+    def header_bytes(self, i: int) -> bytes:
+        return (self.path / self.sources[i]["header"]["file"]).read_bytes()
+
+    def gap_bytes(self, i: int) -> Iterator[tuple[int, bytes | None]]:
+        """(offset, bytes) for each gap of source i; None for a gap of zeros."""
+        source = self.sources[i]
+        stored = (self.path / source["gaps_file"]).read_bytes() if source["gaps_file"] else b""
+        for gap in source["gaps"]:
+            at = gap["stored_at"]
+            yield gap["offset"], (None if at is None else stored[at : at + gap["length"]])

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _fetch_module():
+    spec = importlib.util.spec_from_file_location("fetch_models", ROOT / "scripts" / "fetch_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def real_models() -> dict[str, Path]:
+    """The two llama.cpp-made models, fetched into the cache on first use (never skipped)."""
+    fetch = _fetch_module()
+    return {name: fetch.fetch(name) for name in fetch.MODELS}
+
+
+@pytest.fixture(scope="session")
+def smollm2(real_models) -> Path:
+    return real_models["SmolLM2-135M-Instruct.Q4_1.gguf"]
+
+
+@pytest.fixture(scope="session")
+def gemma(real_models) -> Path:
+    return real_models["gemma-3-270m-q4_k_m.gguf"]
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+def run_cli(*args, check_exit: int | None = None) -> subprocess.CompletedProcess:
+    """The real command line in a fresh process, as a user runs it."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "gguf_repack", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if check_exit is not None:
+        assert proc.returncode == check_exit, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,168 @@
+"""convert -> verify -> export on GGUF files that gguf's GGUFWriter writes."""
+
+import json
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from ggml_blocks import KV_SAMPLES, every_type_tensors, write_gguf
+from gguf_repack import convert, export, verify
+from gguf_repack.errors import OutputError
+from gguf_repack.type_table import TYPES
+from test_layout import reference_planes
+
+
+@pytest.fixture
+def every_type_file(tmp_path, rng):
+    return write_gguf(tmp_path / "every-type.gguf", every_type_tensors(rng))
+
+
+def test_every_type_round_trips_byte_for_byte(every_type_file, tmp_path):
+    out = tmp_path / "out"
+    summary = convert(every_type_file, out)
+    assert summary.n_tensors == len(gguf.GGUFReader(every_type_file).tensors)
+    report = verify(out, against=every_type_file)
+    assert report.ok, report.mismatches
+    back = tmp_path / "back.gguf"
+    export(out, back)
+    assert back.read_bytes() == every_type_file.read_bytes()
+
+
+def test_planes_in_safetensors_are_the_fields_of_the_source_blocks(every_type_file, tmp_path):
+    out = tmp_path / "out"
+    convert(every_type_file, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    reader = gguf.GGUFReader(every_type_file)  # the reference for the source bytes
+    by_name = {t["name"]: t for t in manifest["tensors"]}
+    for t in reader.tensors:
+        record = by_name[t.name]
+        qtype = TYPES[int(t.tensor_type)]
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        with safe_open(out / record["shard"], framework="pt") as st:
+            if not qtype.is_quantized:
+                (plane,) = record["planes"]
+                got = st.get_tensor(plane["key"])
+                assert list(got.shape) == [int(x) for x in reversed(t.shape)]
+                assert got.contiguous().view(-1).view(torch.uint8).numpy().tobytes() == raw.tobytes()
+                continue
+            *lead, k = record["shape"]
+            n = lead[-1] if lead else 1
+            blocks = raw.reshape(*lead[:-1], n, k // qtype.block_size, qtype.type_size)
+            ref = reference_planes(blocks, qtype)
+            for plane in record["planes"]:
+                assert index["weight_map"][plane["key"]] == record["shard"]
+                got = st.get_tensor(plane["key"]).numpy()
+                assert got.dtype == ref[plane["field"]].dtype
+                assert got.shape == ref[plane["field"]].shape == tuple(plane["shape"])
+                assert got.tobytes() == ref[plane["field"]].tobytes()
+        assert record["layout"] == ("rp1" if qtype.is_quantized else "plain")
+        assert record["ggml_dims"] == [int(x) for x in t.shape]
+        assert record["source"]["offset"] == t.data_offset
+        assert record["source"]["nbytes"] == t.n_bytes
+
+
+def test_small_max_shard_size_writes_several_shards(every_type_file, tmp_path):
+    out = tmp_path / "out"
+    convert(every_type_file, out, max_shard_size=2000)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) > 3
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(manifest["shards"])
+    for shard in manifest["shards"]:
+        with safe_open(out / shard, framework="pt") as st:
+            assert len(list(st.keys())) > 0
+    export(out, tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == every_type_file.read_bytes()
+
+
+def test_converter_does_not_import_torch(every_type_file, tmp_path):
+    code = ("import sys, gguf_repack; gguf_repack.convert(sys.argv[1], sys.argv[2]); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code, str(every_type_file), str(tmp_path / "o")],
+                   check=True)
+    assert (tmp_path / "o" / "manifest.json").is_file()
+
+
+def test_force_replaces_a_previous_output_and_leaves_no_temporaries(every_type_file, tmp_path):
+    out = tmp_path / "out"
+    convert(every_type_file, out)
+    with pytest.raises(OutputError, match="already exists"):
+        convert(every_type_file, out)
+    (out / "marker").write_text("old")
+    convert(every_type_file, out, force=True)
+    assert not (out / "marker").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["every-type.gguf", "out"]
+
+
+def test_non_zero_padding_and_trailing_bytes_survive(tmp_path, rng):
+    src = write_gguf(tmp_path / "m.gguf", every_type_tensors(rng))
+    reader = gguf.GGUFReader(src)
+    data = bytearray(src.read_bytes())
+    spans = sorted((t.data_offset, t.data_offset + t.n_bytes) for t in reader.tensors)
+    gaps = [(a_end, b_start) for (_, a_end), (b_start, _) in zip(spans, spans[1:]) if b_start > a_end]
+    assert gaps, "the test file needs alignment padding between tensors"
+    for start, end in gaps:
+        data[start:end] = bytes(range(1, end - start + 1))
+    data += b"trailing bytes that belong to no tensor"
+    src.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    convert(src, out)
+    assert verify(out, against=src).ok
+    export(out, tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == bytes(data)
+
+
+def test_a_file_without_tensors_round_trips(tmp_path):
+    src = write_gguf(tmp_path / "kv-only.gguf", {})
+    out = tmp_path / "out"
+    assert convert(src, out).n_tensors == 0
+    export(out, tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == src.read_bytes()
+
+
+def write_split_set(directory, rng, n_shards=3):
+    tensors = every_type_tensors(rng)
+    per_shard = -(-len(tensors) // n_shards)
+    w = gguf.GGUFWriter(str(directory / "model.gguf"), "llama", split_max_tensors=per_shard)
+    for key, value, vtype, sub_type in KV_SAMPLES:
+        w.add_key_value(key, value, vtype, sub_type=sub_type)
+    for name, (qtype, raw) in tensors.items():
+        w.add_tensor(name, raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shards = sorted(directory.glob("model-*-of-*.gguf"))
+    assert len(shards) == n_shards
+    return shards
+
+
+def test_split_set_converts_and_exports_to_identical_shards(tmp_path, rng):
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    shards = write_split_set(src_dir, rng)
+    out = tmp_path / "out"
+    convert(shards[0], out)
+    assert verify(out, against=shards[0]).ok
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["file"] for s in manifest["sources"]] == [s.name for s in shards]
+    # to a directory: the original names
+    back_dir = tmp_path / "back"
+    back_dir.mkdir()
+    written = export(out, back_dir)
+    assert [p.name for p in written] == [s.name for s in shards]
+    for s in shards:
+        assert (back_dir / s.name).read_bytes() == s.read_bytes()
+    # to a first-shard name: the same numbering under a new prefix
+    written = export(out, tmp_path / "copy-00001-of-00003.gguf")
+    for s, w in zip(shards, written):
+        assert w.name == s.name.replace("model", "copy")
+        assert w.read_bytes() == s.read_bytes()
+    with pytest.raises(OutputError, match="split into 3 shards"):
+        export(out, tmp_path / "single.gguf")

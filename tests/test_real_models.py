@@ -1,0 +1,55 @@
+"""The two llama.cpp-made models: convert, verify --against, export byte for byte."""
+
+import json
+import random
+
+import pytest
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+def test_real_model_round_trip(model, request, tmp_path, cli):
+    src = request.getfixturevalue(model)
+    out = tmp_path / "out"
+    proc = cli("convert", src, out, check_exit=0)
+    assert proc.stdout.startswith("converted ") and str(out) in proc.stdout
+    proc = cli("verify", out, "--against", src, check_exit=0)
+    assert "verify: ok" in proc.stdout
+    back = tmp_path / "back.gguf"
+    cli("export", out, back, check_exit=0)
+    assert back.stat().st_size == src.stat().st_size
+    with open(src, "rb") as a, open(back, "rb") as b:
+        while chunk := a.read(1 << 24):
+            assert chunk == b.read(1 << 24)
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    weights = sum(p.stat().st_size for p in out.iterdir())
+    assert weights / src.stat().st_size <= 1.01
+    types = {t["type"] for t in manifest["tensors"]}
+    expected = {"smollm2": {"Q4_1", "Q8_0", "F32"},
+                "gemma": {"Q4_K", "Q6_K", "Q5_0", "Q8_0", "F32"}}[model]
+    assert types == expected
+
+
+def test_verify_names_a_damaged_tensor(smollm2, tmp_path, cli):
+    out = tmp_path / "out"
+    cli("convert", smollm2, out, check_exit=0)
+    manifest = json.loads((out / "manifest.json").read_text())
+    victim = next(t for t in manifest["tensors"] if t["name"] == "blk.3.ffn_up.weight")
+    shard = out / victim["shard"]
+    header_len = int.from_bytes(shard.read_bytes()[:8], "little")
+    header = json.loads(shard.read_bytes()[8 : 8 + header_len])
+    begin, end = header[victim["name"] + ".qs"]["data_offsets"]
+    pos = 8 + header_len + random.Random(0).randrange(begin, end)
+    with open(shard, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x40]))
+    proc = cli("verify", out, check_exit=1)
+    assert "blk.3.ffn_up.weight" in proc.stdout
+    assert proc.stdout.count("mismatch:") == 1
+    assert "Traceback" not in proc.stderr
+    # export refuses to write a file that would differ from the source
+    proc = cli("export", out, tmp_path / "back.gguf")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert not (tmp_path / "back.gguf").exists()
