@@ -12,8 +12,8 @@ Importing this package does not import torch: the converter does not need it.
 __version__ = "0.1.0"
 
 from .errors import FormatError, OutputError, RepackError  # noqa: E402
-from .convert import convert  # noqa: E402
-from .export import export, verify  # noqa: E402
+from .rebuild import export, verify  # noqa: E402
+from .writer import convert  # noqa: E402
 
 __all__ = ["convert", "export", "verify", "RepackError", "FormatError", "OutputError",
            "__version__"]

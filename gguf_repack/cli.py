@@ -74,7 +74,7 @@ def main():
 @_reports_errors
 def convert(src, out, force, max_shard_size, progress):
     """Convert IN.gguf (or the first shard of a split set) into OUT_DIR."""
-    from .convert import convert as run
+    from .writer import convert as run
 
     if progress is None:
         progress = sys.stderr.isatty()
@@ -89,7 +89,7 @@ def convert(src, out, force, max_shard_size, progress):
 @_reports_errors
 def inspect(path, as_json):
     """Summarize a GGUF file or an output directory: metadata and a tensor table."""
-    from .inspect import describe
+    from .describe import describe
 
     info = describe(path)
     if as_json:
@@ -120,7 +120,7 @@ def inspect(path, as_json):
 @_reports_errors
 def verify(out, against):
     """Recompute checksums from the planes. Exit 0 when all match, 1 when any does not."""
-    from .export import verify as run
+    from .rebuild import verify as run
 
     report = run(out, against=against)
     for line in report.mismatches:
@@ -140,7 +140,7 @@ def verify(out, against):
 @_reports_errors
 def export(out, dest, force):
     """Rebuild the source GGUF file(s), byte for byte, from OUT_DIR."""
-    from .export import export as run
+    from .rebuild import export as run
 
     for path in run(out, dest, force=force):
         click.echo(f"wrote {path}")

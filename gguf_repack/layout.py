@@ -34,22 +34,37 @@ def plane_shapes(shape: tuple[int, ...], qtype: GGMLType) -> dict[str, tuple[int
     return {f.name: (*lead, b, n, f.count) for f in qtype.fields}
 
 
+# Rows re-tiled at a time: about 1 MiB of blocks, so that every field of a tile is copied
+# while the tile is still in cache (2-3x faster than one pass per field over the whole array).
+TILE_BYTES = 1 << 20
+
+
+def _field_view(blocks: np.ndarray, f) -> np.ndarray:
+    """Field f of every block, [E..., N, B], as opaque f.size-byte items (they copy several
+    times faster than unaligned numbers) over the same memory."""
+    return blocks[..., f.offset : f.offset + f.size].view(f"V{f.size}")[..., 0]
+
+
 def pack(blocks: np.ndarray, qtype: GGMLType) -> dict[str, np.ndarray]:
     """[E..., N, B, type_size] uint8 GGUF blocks -> {field: [E..., B, N, count] plane}."""
     assert blocks.dtype == np.uint8 and blocks.shape[-1] == qtype.type_size, blocks.shape
-    records = np.ascontiguousarray(blocks).view(qtype.struct_dtype)[..., 0]  # [E..., N, B]
-    return {f.name: np.ascontiguousarray(np.swapaxes(records[f.name], -1, -2))
-            .view(f.plane_dtype).reshape(*records.shape[:-2], records.shape[-1],
-                                         records.shape[-2], f.count)
+    *lead, n, b, _ = blocks.shape
+    blocks = np.ascontiguousarray(blocks)
+    planes = {f.name: np.empty((*lead, b, n), f"V{f.size}") for f in qtype.fields}
+    rows = max(1, TILE_BYTES // max(1, b * qtype.type_size))
+    for n0 in range(0, n, rows):
+        tile = blocks[..., n0 : n0 + rows, :, :]
+        for f in qtype.fields:
+            planes[f.name][..., n0 : n0 + rows] = np.swapaxes(_field_view(tile, f), -1, -2)
+    return {f.name: planes[f.name].view(f.plane_dtype).reshape(*lead, b, n, f.count)
             for f in qtype.fields}
 
 
 def unpack(planes: dict[str, np.ndarray], qtype: GGMLType) -> np.ndarray:
     """{field: [E..., B, N, count] plane} -> [E..., N, B, type_size] uint8 GGUF blocks."""
-    first = planes[qtype.fields[0].name]
-    *lead, b, n, _ = first.shape
-    records = np.empty((*lead, n, b), dtype=qtype.struct_dtype)
+    *lead, b, n, _ = planes[qtype.fields[0].name].shape
+    blocks = np.empty((*lead, n, b, qtype.type_size), np.uint8)
     for f in qtype.fields:
         plane = np.ascontiguousarray(planes[f.name]).view(f"V{f.size}")[..., 0]  # [E..., B, N]
-        records[f.name] = np.swapaxes(plane, -1, -2)
-    return records.view(np.uint8).reshape(*lead, n, b, qtype.type_size)
+        _field_view(blocks, f)[...] = np.swapaxes(plane, -1, -2)
+    return blocks

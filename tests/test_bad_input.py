@@ -9,9 +9,8 @@ import struct
 import gguf
 import numpy as np
 import pytest
-from gguf.constants import GGMLQuantizationType as Q
-
 from ggml_blocks import tensor_bytes, write_gguf
+from gguf.constants import GGMLQuantizationType as Q
 
 
 @pytest.fixture
@@ -77,7 +76,9 @@ def damage(path, how):
             for j in range(2):
                 put(_tensor_parts(reader, 1)[3], "<Q", 2**40, index=j)
         case "data outside the file": put(_tensor_parts(reader, 2)[5], "<Q", 2**40)
-        case "misaligned tensor": put(_tensor_parts(reader, 1)[5], "<Q", int(reader.tensors[1].data_offset - reader.data_offset) + 1)
+        case "misaligned tensor":
+            relative = int(reader.tensors[1].data_offset - reader.data_offset)
+            put(_tensor_parts(reader, 1)[5], "<Q", relative + 1)
         case "overlapping tensors": put(_tensor_parts(reader, 1)[5], "<Q", 0)
         case "duplicate tensor name":
             name_part = _tensor_parts(reader, 1)[1]

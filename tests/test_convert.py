@@ -8,13 +8,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
-
 from ggml_blocks import KV_SAMPLES, every_type_tensors, write_gguf
+from safetensors import safe_open
+from test_layout import reference_planes
+
 from gguf_repack import convert, export, verify
 from gguf_repack.errors import OutputError
 from gguf_repack.type_table import TYPES
-from test_layout import reference_planes
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from ggml_blocks import random_blocks
+
 from gguf_repack.layout import blocks_shape, pack, plane_shapes, unpack
 from gguf_repack.type_table import TYPES
 

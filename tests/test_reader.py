@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from ggml_blocks import every_type_tensors, write_gguf
 from gguf import GGUFReader
 from gguf.constants import GGUFValueType
 
-from ggml_blocks import every_type_tensors, write_gguf
 from gguf_repack.reader import StringArray, read_gguf
 
 

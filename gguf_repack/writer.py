@@ -5,8 +5,9 @@ Order of work, and why:
    bad input leaves nothing behind.
 2. Plan every safetensors entry and shard, so each file's header is written first and the
    data then streams in: memory stays bounded by `CHUNK_BYTES`, whatever the model's size.
-3. One background thread reads the sources sequentially for the file and per-tensor sha256
-   (hashlib releases the GIL), while the main thread re-tiles chunks of rows and writes them.
+3. A background thread reads each source file sequentially for its sha256 (hashlib
+   releases the GIL) while the main thread reads chunks of rows, hashes them (the per-tensor
+   sha256), re-tiles and writes them.
 4. Everything goes into a temporary sibling directory; the manifest is written last and the
    directory renamed into place. An interrupted run leaves no output, only its temporary
    directory (removed on any error this process sees).
@@ -31,8 +32,18 @@ import numpy as np
 from . import __version__
 from .errors import FormatError, OutputError
 from .layout import LAYOUT, blocks_shape, pack, plane_shapes
-from .manifest import (FORMAT, FORMAT_VERSION, INDEX, PlaneRecord, TensorRecord, gaps_name,
-                       header_name, is_output_dir, shard_name, write_manifest)
+from .manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX,
+    PlaneRecord,
+    TensorRecord,
+    gaps_name,
+    header_name,
+    is_output_dir,
+    shard_name,
+    write_manifest,
+)
 from .reader import GGUFSet, TensorInfo, open_gguf
 from .safetensors_io import Entry, layout_file, pread_into, pwrite_all, st_dtype
 
@@ -84,19 +95,18 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
     except OSError as e:
         raise OutputError(f"{out}: cannot create the output ({e.strerror})") from None
     try:
-        hashes = _Hasher(gset)
-        hashes.start()
-        _write_shards(gset, planned, n_shards, tmp, progress)
+        hasher = _FileHasher(gset)
+        hasher.start()
+        tensor_sha256 = _write_shards(gset, planned, n_shards, tmp, progress)
         index = {"metadata": {"total_size": sum(e.nbytes for p in planned for e in p.entries)},
                  "weight_map": {e.key: shard_name(p.shard + 1, n_shards)
                                 for p in planned for e in p.entries}}
         (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
         sources = [_write_source_record(f, i, tmp) for i, f in enumerate(gset.files)]
-        hashes.join_checked()
-        for i, s in enumerate(sources):
-            s["sha256"] = hashes.file_sha256[i]
-        tensors = [_tensor_record(p, n_shards, hashes.tensor_sha256[p.source][p.info.name])
-                   for p in planned]
+        hasher.join_checked()
+        for source, digest in zip(sources, hasher.sha256):
+            source["sha256"] = digest
+        tensors = [_tensor_record(p, n_shards, digest) for p, digest in zip(planned, tensor_sha256)]
         write_manifest(tmp, {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "created_by": f"gguf-repack {__version__}",
@@ -156,12 +166,11 @@ def _assign_shards(planned: list[_Planned], max_shard_size: int) -> int:
 
 
 def _write_shards(gset: GGUFSet, planned: list[_Planned], n_shards: int, tmp: Path,
-                  progress: bool) -> None:
-    from tqdm import tqdm
-
+                  progress: bool) -> list[str]:
+    """Write every shard; returns the sha256 of each tensor's source bytes, in plan order."""
+    bar = _progress_bar(sum(p.info.nbytes for p in planned), progress)
     sources = [os.open(f.path, os.O_RDONLY) for f in gset.files]
-    bar = tqdm(total=sum(p.info.nbytes for p in planned), unit="B", unit_scale=True,
-               desc="convert", disable=not progress, file=sys.stderr)
+    digests: dict[int, str] = {}
     try:
         for shard in range(n_shards):
             members = [p for p in planned if p.shard == shard]
@@ -171,11 +180,8 @@ def _write_shards(gset: GGUFSet, planned: list[_Planned], n_shards: int, tmp: Pa
             try:
                 pwrite_all(fd, header, 0)
                 for p in members:
-                    if p.info.type.is_quantized:
-                        _write_rp1(sources[p.source], fd, p)
-                    else:
-                        _copy_range(sources[p.source], fd, p.info.file_offset,
-                                    p.entries[0].offset, p.info.nbytes)
+                    write = _write_rp1 if p.info.type.is_quantized else _write_plain
+                    digests[id(p)] = write(sources[p.source], fd, p)
                     bar.update(p.info.nbytes)
             finally:
                 os.close(fd)
@@ -183,21 +189,36 @@ def _write_shards(gset: GGUFSet, planned: list[_Planned], n_shards: int, tmp: Pa
         bar.close()
         for fd in sources:
             os.close(fd)
+    return [digests[id(p)] for p in planned]
 
 
-def _write_rp1(src_fd: int, dst_fd: int, p: _Planned) -> None:
-    """Re-tile one tensor, a chunk of whole rows at a time, into its planes."""
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        class _Off:
+            def update(self, n): ...
+            def close(self): ...
+        return _Off()
+    from tqdm import tqdm  # imported only when shown: it costs 50 ms of start-up
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="convert", file=sys.stderr)
+
+
+def _write_rp1(src_fd: int, dst_fd: int, p: _Planned) -> str:
+    """Re-tile one tensor, a chunk of whole rows at a time, into its planes; returns the
+    sha256 of its source bytes."""
     qtype, info = p.info.type, p.info
     *lead, n_rows, n_blocks, type_size = blocks_shape(info.shape, qtype)
     n_lead = int(np.prod(lead, dtype=np.int64))
     row_bytes = n_blocks * type_size
     rows_per_chunk = max(1, CHUNK_BYTES // max(row_bytes, 1))
     fields = list(zip(qtype.fields, p.entries))
+    digest = hashlib.sha256()
     for r in range(n_lead):
         for n0 in range(0, n_rows, rows_per_chunk):
             rows = min(rows_per_chunk, n_rows - n0)
             blocks = np.empty((rows, n_blocks, type_size), np.uint8)
             pread_into(src_fd, blocks, info.file_offset + (r * n_rows + n0) * row_bytes)
+            digest.update(blocks)
             planes = pack(blocks, qtype)  # each [B, rows, count]
             for f, entry in fields:
                 run = f.size  # bytes of one row's field, per block column
@@ -208,21 +229,19 @@ def _write_rp1(src_fd: int, dst_fd: int, p: _Planned) -> None:
                 else:
                     for b in range(n_blocks):
                         pwrite_all(dst_fd, plane[b], base + (b * n_rows + n0) * run)
+    return digest.hexdigest()
 
 
-def _copy_range(src_fd: int, dst_fd: int, src_offset: int, dst_offset: int, n: int) -> None:
-    done = 0
-    while done < n:
-        try:
-            k = os.copy_file_range(src_fd, dst_fd, n - done, src_offset + done, dst_offset + done)
-        except OSError:  # a filesystem pair that refuses it: copy through memory
-            k = 0
-        if k == 0:
-            buf = np.empty(min(CHUNK_BYTES, n - done), np.uint8)
-            pread_into(src_fd, buf, src_offset + done)
-            pwrite_all(dst_fd, buf, dst_offset + done)
-            k = len(buf)
-        done += k
+def _write_plain(src_fd: int, dst_fd: int, p: _Planned) -> str:
+    """Copy a plain tensor as it is; returns the sha256 of its bytes."""
+    digest = hashlib.sha256()
+    n, src, dst = p.info.nbytes, p.info.file_offset, p.entries[0].offset
+    for done in range(0, n, CHUNK_BYTES):
+        buf = np.empty(min(CHUNK_BYTES, n - done), np.uint8)
+        pread_into(src_fd, buf, src + done)
+        digest.update(buf)
+        pwrite_all(dst_fd, buf, dst + done)
+    return digest.hexdigest()
 
 
 def _write_source_record(f, i: int, tmp: Path) -> dict:
@@ -271,62 +290,36 @@ def _tensor_record(p: _Planned, n_shards: int, sha256: str) -> TensorRecord:
                 "sha256": sha256})
 
 
-class _Hasher(threading.Thread):
-    """sha256 of each source file and of each tensor's bytes, in one sequential read."""
+class _FileHasher(threading.Thread):
+    """sha256 of each source file, read sequentially beside the main thread's work."""
 
     def __init__(self, gset: GGUFSet):
         super().__init__(daemon=True, name="gguf-repack-hash")
-        self.gset = gset
-        self.file_sha256: list[str] = []
-        self.tensor_sha256: list[dict[str, str]] = []
+        self.paths = [f.path for f in gset.files]
+        self.sha256: list[str] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            for f in self.gset.files:
-                self._hash_file(f)
+            for path in self.paths:
+                self.sha256.append(sha256_file(path))
         except BaseException as e:  # re-raised in the main thread
             self.error = e
-
-    def _hash_file(self, f) -> None:
-        whole = hashlib.sha256()
-        per_tensor = {}
-        spans = sorted((t.file_offset, t.file_offset + t.nbytes, t.name) for t in f.tensors)
-        buf = bytearray(CHUNK_BYTES)
-        view = memoryview(buf)
-        k, open_spans = 0, []  # spans overlapping the current chunk, in offset order
-        with open(f.path, "rb", buffering=0) as src:
-            pos = 0
-            while pos < f.size:
-                n = src.readinto(buf)
-                if not n:
-                    raise FormatError(f"{f.path}: the file shrank while being converted")
-                chunk = view[:n]
-                whole.update(chunk)
-                end = pos + n
-                while k < len(spans) and spans[k][0] < end:
-                    open_spans.append((spans[k], hashlib.sha256()))
-                    k += 1
-                still_open = []
-                for (start, stop, name), h in open_spans:
-                    h.update(chunk[max(start, pos) - pos : min(stop, end) - pos])
-                    if stop > end:
-                        still_open.append(((start, stop, name), h))
-                    else:
-                        per_tensor[name] = h.hexdigest()
-                open_spans = still_open
-                pos = end
-        for start, stop, name in spans[k:]:  # empty tensors at the very end
-            per_tensor[name] = hashlib.sha256().hexdigest()
-        for (_, _, name), h in open_spans:
-            per_tensor[name] = h.hexdigest()
-        self.file_sha256.append(whole.hexdigest())
-        self.tensor_sha256.append(per_tensor)
 
     def join_checked(self) -> None:
         self.join()
         if self.error is not None:
             raise self.error
+
+
+def sha256_file(path) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK_BYTES)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])  # releases the GIL
+    return h.hexdigest()
 
 
 def _move_into_place(tmp: Path, out: Path, force: bool) -> None:
