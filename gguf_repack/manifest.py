@@ -10,8 +10,10 @@ Format version 1. Readers refuse a format or version they do not know.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,16 @@ class TensorRecord:
         d = dict(self.__dict__)
         d["planes"] = [p.__dict__ for p in self.planes]
         return d
+
+
+def sha256_file(path, cancel: threading.Event | None = None) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(16 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while (n := f.readinto(buf)) and not (cancel and cancel.is_set()):
+            h.update(view[:n])  # releases the GIL
+    return h.hexdigest()
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:

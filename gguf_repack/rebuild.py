@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import FormatError, OutputError
+from .manifest import sha256_file
 from .output_dir import OutputDir
 from .reader import SPLIT_NAME, open_gguf
 from .safetensors_io import pread_into, pwrite_all
@@ -69,21 +70,11 @@ def _write_source(od: OutputDir, i: int, path: Path) -> None:
         os.ftruncate(fd, source["size"])  # zero gaps at the end
     finally:
         os.close(fd)
-    digest = _sha256_file(path)
+    digest = sha256_file(path)
     if digest != source["sha256"]:
         raise FormatError(f"{od.path}: rebuilt {source['file']} has sha256 {digest}, the "
                           f"source had {source['sha256']}: the output is damaged "
                           f"(run gguf-repack verify)")
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(16 << 20)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 @dataclass

@@ -41,6 +41,7 @@ from .manifest import (
     gaps_name,
     header_name,
     is_output_dir,
+    sha256_file,
     shard_name,
     write_manifest,
 )
@@ -94,6 +95,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
         tmp.mkdir()
     except OSError as e:
         raise OutputError(f"{out}: cannot create the output ({e.strerror})") from None
+    hasher = None
     try:
         hasher = _FileHasher(gset)
         hasher.start()
@@ -116,6 +118,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
         })
         _move_into_place(tmp, out, force)
     except BaseException:
+        if hasher is not None:
+            hasher.cancel.set()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     bytes_out = sum(f.stat().st_size for f in out.iterdir())
@@ -298,11 +302,12 @@ class _FileHasher(threading.Thread):
         self.paths = [f.path for f in gset.files]
         self.sha256: list[str] = []
         self.error: BaseException | None = None
+        self.cancel = threading.Event()  # set when the conversion fails: stop reading
 
     def run(self) -> None:
         try:
             for path in self.paths:
-                self.sha256.append(sha256_file(path))
+                self.sha256.append(sha256_file(path, self.cancel))
         except BaseException as e:  # re-raised in the main thread
             self.error = e
 
@@ -310,16 +315,6 @@ class _FileHasher(threading.Thread):
         self.join()
         if self.error is not None:
             raise self.error
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK_BYTES)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])  # releases the GIL
-    return h.hexdigest()
 
 
 def _move_into_place(tmp: Path, out: Path, force: bool) -> None:

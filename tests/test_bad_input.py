@@ -16,7 +16,8 @@ from gguf.constants import GGMLQuantizationType as Q
 @pytest.fixture
 def good(tmp_path):
     rng = np.random.default_rng(7)
-    kvs = [("test.name", "model", gguf.GGUFValueType.STRING, None),
+    kvs = [("general.alignment", 32, gguf.GGUFValueType.UINT32, None),
+           ("test.name", "model", gguf.GGUFValueType.STRING, None),
            ("test.list", [1, 2, 3], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32),
            ("test.words", ["x", "yy"], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)]
     tensors = {"a.weight": (Q.Q4_0, tensor_bytes(Q.Q4_0, (4, 64), rng)),
@@ -69,6 +70,8 @@ def damage(path, how):
         case "array count too large": put(kv_parts[4], "<Q", 2**59)
         case "string array count too large": put(_kv_parts(reader, "test.words")[4], "<Q", 2**59)
         case "unknown value type": put(kv_parts[2], "<I", 99)
+        case "alignment not a power of two": put(_kv_parts(reader, "general.alignment")[3], "<I", 48)
+        case "alignment of zero": put(_kv_parts(reader, "general.alignment")[3], "<I", 0)
         case "unknown tensor type": put(_tensor_parts(reader, 0)[4], "<I", 99)
         case "too many dims": put(_tensor_parts(reader, 0)[2], "<I", 7)
         case "ne0 not a multiple of the block": put(_tensor_parts(reader, 0)[3], "<Q", 48)
@@ -116,6 +119,8 @@ CASES = {
     "array count too large": "'test.list' claims 576460752303423488 items",
     "string array count too large": "'test.words' claims 576460752303423488 items",
     "unknown value type": "unknown value type 99",
+    "alignment not a power of two": "general.alignment must be a power of two",
+    "alignment of zero": "general.alignment must be a power of two",
     "unknown tensor type": "tensor 'a.weight': unknown GGML type id 99",
     "too many dims": "7 dimensions",
     "ne0 not a multiple of the block": "not a multiple of Q4_0's block size 32",

@@ -47,6 +47,13 @@ def test_scanner_agrees_with_gguf_reader_on_every_type_file(tmp_path, rng):
     assert_same_as_gguf_reader(path)
 
 
+def test_scanner_agrees_with_gguf_reader_on_split_shards(tmp_path, rng):
+    from test_convert import write_split_set
+
+    for shard in write_split_set(tmp_path, rng):
+        assert_same_as_gguf_reader(shard)
+
+
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
 def test_scanner_agrees_with_gguf_reader_on_real_models(model, request):
     assert_same_as_gguf_reader(request.getfixturevalue(model))
