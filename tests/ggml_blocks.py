@@ -26,6 +26,8 @@ def random_blocks(qtype_id: int, shape: tuple[int, ...], rng: np.random.Generato
             n[...] = rng.uniform(-2, 2, n.shape[:-1] + (f.size // 4,)).astype("<f4").view(np.uint8)
     if qtype_id == GGMLQuantizationType.BF16:  # finite bfloat16: clear one exponent bit
         blocks[..., 1] &= 0xBF
+    if qtype_id == GGMLQuantizationType.MXFP4:  # E8M0 block exponent: scales 2^-8 .. 2^8
+        blocks[..., 0] = rng.integers(119, 136, blocks.shape[:-1], dtype=np.uint8)
     return blocks
 
 
