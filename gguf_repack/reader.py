@@ -212,6 +212,12 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         raise FormatError(f"{path}: permission denied") from None
 
 
+def read_gguf_header(header: bytes, path: str | os.PathLike, file_size: int) -> GGUFFile:
+    """Scan a header kept apart from its file (an output directory keeps it verbatim);
+    `file_size` is the size of the file it came from, for the tensor bounds checks."""
+    return _scan(memoryview(header), Path(path), file_size)
+
+
 def _scan(buf: memoryview, path: Path, size: int) -> GGUFFile:
     try:
         return _scan_header(_Cursor(buf, path), path, size)
@@ -220,7 +226,7 @@ def _scan(buf: memoryview, path: Path, size: int) -> GGUFFile:
 
 
 def _scan_header(cur: _Cursor, path: Path, size: int) -> GGUFFile:
-    magic = cur.bytes(4, "magic") if size >= 4 else cur.bytes(size, "magic")
+    magic = cur.bytes(min(4, cur.size), "magic")
     if magic != GGUF_MAGIC:
         raise FormatError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
     version = cur.u32("version")

@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -29,39 +27,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fetch_models  # noqa: E402
+from benchutil import machine_line, peak_rss_mib  # noqa: E402
 
 
 def timed(cmd: list[str]) -> float:
     t = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t
-
-
-# Runs a Python command line and records the process's own VmHWM at exit. (ru_maxrss would
-# not do: Linux keeps it across exec, so a child forked from this large process inherits
-# this process's peak.)
-_RSS_WRAPPER = """
-import atexit, runpy, sys
-out = sys.argv.pop(1)
-def record():
-    hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))
-    open(out, 'w').write(hwm.split()[1])
-atexit.register(record)
-sys.argv = sys.argv[1:]
-if sys.argv[0] == '-c':
-    exec(sys.argv[1])
-else:
-    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
-"""
-
-
-def peak_rss_mib(python_args: list[str]) -> float:
-    """Peak resident set (MiB) of `python <python_args>` (-m module args..., or -c code)."""
-    with tempfile.NamedTemporaryFile("r") as f:
-        args = python_args[1:] if python_args[0] == "-m" else python_args
-        subprocess.run([sys.executable, "-c", _RSS_WRAPPER, f.name, *args], check=True,
-                       stdout=subprocess.DEVNULL)
-        return int(f.read()) / 1024
 
 
 def write_synthetic(path: Path, total_bytes: int) -> int:
@@ -143,8 +115,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     lines = [
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-        f"{time.strftime('%Y-%m-%d')}",
+        machine_line(),
         "",
         f"Convert vs cp, Gemma 3 270M Q4_K_M ({gemma.stat().st_size / 1e6:.1f} MB), page cache warm, "
         f"median of {args.repeat}:",

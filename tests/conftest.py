@@ -55,3 +55,16 @@ def run_cli(*args, check_exit: int | None = None) -> subprocess.CompletedProcess
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory, real_models):
+    """Each real model converted once per session: {model name: output directory}."""
+    from gguf_repack import convert
+
+    outs = {}
+    for name, path in real_models.items():
+        out = tmp_path_factory.mktemp("converted") / name.removesuffix(".gguf")
+        convert(path, out)
+        outs[name] = out
+    return outs

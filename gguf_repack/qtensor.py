@@ -1,0 +1,132 @@
+"""QTensor: a quantized weight kept in rp1 planes, with the operations an engine needs.
+
+The planes are the only storage: dequantize, matmul and embedding read them directly (the
+backend chooses how), and row permutations, tensor-parallel shards and expert slices are
+plain indexing of the planes, exact by construction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import backends
+from .errors import RepackError
+from .layout import plane_shapes
+from .type_table import TYPES_BY_NAME, GGMLType
+
+_TORCH_DTYPES = {np.dtype("<f2"): torch.float16, np.dtype("<f4"): torch.float32,
+                 np.dtype("<i4"): torch.int32, np.dtype("<i2"): torch.int16,
+                 np.dtype("u1"): torch.uint8}
+
+
+def plane_torch_dtype(field) -> torch.dtype:
+    return _TORCH_DTYPES[field.plane_dtype]
+
+
+class QTensor:
+    """A quantized tensor of torch shape (E..., N, K) in GGML type `qtype`.
+
+    `planes[field]` has shape [E..., K / block_size, N, count] (layout rp1)."""
+
+    def __init__(self, qtype: GGMLType | str, shape, planes: dict[str, torch.Tensor]):
+        self.qtype = TYPES_BY_NAME[qtype] if isinstance(qtype, str) else qtype
+        self.shape = torch.Size(shape)
+        if not self.qtype.is_quantized:
+            raise RepackError(f"{self.qtype.name} is not a quantized type")
+        expected = plane_shapes(tuple(self.shape), self.qtype)
+        if set(planes) != set(expected):
+            raise RepackError(f"{self.qtype.name} planes must be {sorted(expected)}, got {sorted(planes)}")
+        for f in self.qtype.fields:
+            p = planes[f.name]
+            if tuple(p.shape) != expected[f.name] or p.dtype != plane_torch_dtype(f):
+                raise RepackError(
+                    f"{self.qtype.name} plane {f.name!r}: expected {plane_torch_dtype(f)} "
+                    f"{list(expected[f.name])}, got {p.dtype} {list(p.shape)}")
+        self.planes = {f.name: planes[f.name] for f in self.qtype.fields}
+
+    # -- description -------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.qtype.block_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.planes.values())).device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.planes.values())
+
+    def __repr__(self) -> str:
+        return f"QTensor({self.qtype.name}, shape={list(self.shape)}, device={self.device})"
+
+    def _with(self, shape, planes) -> "QTensor":
+        return QTensor(self.qtype, shape, planes)
+
+    def to(self, device) -> "QTensor":
+        return self._with(self.shape, {k: p.to(device) for k, p in self.planes.items()})
+
+    # -- math --------------------------------------------------------------------------
+    def dequantize(self, dtype: torch.dtype = torch.float32, backend: str = "auto") -> torch.Tensor:
+        """The weights, shape `self.shape`. In float32, bit-exact with gguf.quants.dequantize;
+        other dtypes are that value rounded once."""
+        return backends.get(backend, self.device).dequantize(self, dtype)
+
+    def matmul(self, x: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+        """x @ W.T for x of shape (..., K): result (..., N) in x's dtype, accumulated in float32."""
+        if len(self.shape) != 2:
+            raise RepackError(f"matmul needs a 2-D weight, this one is {list(self.shape)}"
+                              + (" (use .expert(e))" if len(self.shape) > 2 else ""))
+        if x.shape[-1] != self.shape[1]:
+            raise RepackError(f"matmul: x has {x.shape[-1]} features, the weight expects {self.shape[1]}")
+        return backends.get(backend, self.device).matmul(self, x)
+
+    def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32,
+                  backend: str = "auto") -> torch.Tensor:
+        """Rows of W for integer ids of any shape: result ids.shape + (K,)."""
+        if len(self.shape) != 2:
+            raise RepackError(f"embedding needs a 2-D weight, this one is {list(self.shape)}")
+        return backends.get(backend, self.device).embedding(self, ids, dtype)
+
+    # -- exact structural operations ---------------------------------------------------
+    def index_rows(self, rows: torch.Tensor | list[int]) -> "QTensor":
+        """The rows `rows` of W, in that order (a permutation, or any selection)."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        shape = (*self.shape[:-2], len(rows), self.shape[-1])
+        return self._with(shape, {k: p.index_select(-2, rows) for k, p in self.planes.items()})
+
+    def shard(self, dim: int, rank: int, world_size: int) -> "QTensor":
+        """Piece `rank` of `world_size` equal pieces along `dim` (torch order): the rows
+        dimension (N, for column parallelism) or the last one (K, row parallelism; pieces
+        must hold whole blocks)."""
+        ndim = len(self.shape)
+        dim = dim + ndim if dim < 0 else dim
+        if not 0 <= rank < world_size:
+            raise RepackError(f"shard: rank {rank} is not in 0..{world_size - 1}")
+        size = self.shape[dim] if 0 <= dim < ndim else None
+        if dim == ndim - 1:
+            if size % world_size or (size // world_size) % self.block_size:
+                raise RepackError(
+                    f"shard: K={size} cannot be split {world_size} ways on {self.qtype.name} block "
+                    f"boundaries ({self.block_size} weights per block)")
+            width = size // world_size // self.block_size
+            planes = {k: p.narrow(-3, rank * width, width) for k, p in self.planes.items()}
+            shape = (*self.shape[:-1], size // world_size)
+        elif dim == ndim - 2 and ndim >= 2:
+            if size % world_size:
+                raise RepackError(f"shard: N={size} rows cannot be split evenly {world_size} ways")
+            rows = size // world_size
+            planes = {k: p.narrow(-2, rank * rows, rows) for k, p in self.planes.items()}
+            shape = (*self.shape[:-2], rows, self.shape[-1])
+        else:
+            raise RepackError(f"shard: dim {dim} of a {ndim}-D tensor; only N (rows) or K (columns)")
+        return self._with(shape, planes)
+
+    def expert(self, e: int) -> "QTensor":
+        """Expert `e` of a 3-D expert stack (E, N, K): a 2-D QTensor."""
+        if len(self.shape) < 3:
+            raise RepackError(f"expert: a {len(self.shape)}-D tensor has no expert dimension")
+        if not 0 <= e < self.shape[0]:
+            raise RepackError(f"expert {e} is out of range 0..{self.shape[0] - 1}")
+        return self._with(self.shape[1:], {k: p[e] for k, p in self.planes.items()})
