@@ -26,6 +26,12 @@ def random_blocks(qtype_id: int, shape: tuple[int, ...], rng: np.random.Generato
             n[...] = rng.uniform(-2, 2, n.shape[:-1] + (f.size // 4,)).astype("<f4").view(np.uint8)
     if qtype_id == GGMLQuantizationType.BF16:  # finite bfloat16: clear one exponent bit
         blocks[..., 1] &= 0xBF
+    if qtype_id == GGMLQuantizationType.IQ1_M:
+        # its f16 scale is the top nibbles of the four 16-bit words of `scales` (bytes 48-55)
+        d = rng.uniform(-2, 2, blocks.shape[:-1]).astype("<f2").view(np.uint16)
+        for i in range(4):
+            top = ((d >> (4 * i)) & 0xF).astype(np.uint8) << 4
+            blocks[..., 48 + 2 * i + 1] = (blocks[..., 48 + 2 * i + 1] & 0x0F) | top
     if qtype_id == GGMLQuantizationType.MXFP4:  # E8M0 block exponent: scales 2^-8 .. 2^8
         blocks[..., 0] = rng.integers(119, 136, blocks.shape[:-1], dtype=np.uint8)
     return blocks

@@ -57,7 +57,7 @@ def test_every_tensor_loads_exactly(every_type_out):
                 assert_bitwise_equal(value.float(), reference(t).astype(np.float32))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "MXFP4"])
+@pytest.mark.parametrize("name", REFERENCE_TYPES)
 def test_matmul_embedding_rows_and_shards(name, tmp_path, rng):
     qtype = GGMLQuantizationType[name]
     bs = gguf.constants.GGML_QUANT_SIZES[qtype][0]
