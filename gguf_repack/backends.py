@@ -4,9 +4,12 @@ reference) and, with the kernels, "triton". "auto" picks triton on CUDA, torch e
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .dequant import dequantize_planes
+from .errors import RepackError
 
 # Rows of float32 weights dequantized at a time by the torch backend's matmul and
 # embedding: a 1 GB quantized tensor never needs its whole float32 copy in memory.
@@ -46,12 +49,63 @@ class TorchBackend:
         return out.reshape(*ids.shape, qt.shape[1])
 
 
-def get(name: str, device: torch.device):
-    """The backend object for `name` ("auto", "torch" or "triton") on `device`."""
+class TritonBackend:
+    """gguf_repack_kernels (kernels/): CUDA tensors, or CPU ones under TRITON_INTERPRET=1."""
+
+    name = "triton"
+
+    @staticmethod
+    def _planes(qt):
+        return {k: p.contiguous() for k, p in qt.planes.items()}
+
+    @classmethod
+    def dequantize(cls, qt, dtype: torch.dtype) -> torch.Tensor:
+        import gguf_repack_kernels as kernels
+
+        return kernels.dequantize(cls._planes(qt), qt.qtype.name, tuple(qt.shape), dtype)
+
+    @classmethod
+    def matmul(cls, qt, x: torch.Tensor) -> torch.Tensor:
+        import gguf_repack_kernels as kernels
+
+        return kernels.matmul(x, cls._planes(qt), qt.qtype.name, tuple(qt.shape))
+
+    @classmethod
+    def embedding(cls, qt, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        import gguf_repack_kernels as kernels
+
+        return kernels.embedding(ids.to(qt.device), cls._planes(qt), qt.qtype.name,
+                                 tuple(qt.shape), dtype)
+
+
+def _triton_usable(device: torch.device) -> str | None:
+    """None when the triton backend can run on `device`, else why not."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return (f"the Triton kernels run on CUDA tensors, or on CPU ones under Triton's interpreter "
+            f"(TRITON_INTERPRET=1 before triton is imported); this tensor is on {device}")
+
+
+def get(name: str, device: torch.device, type_name: str | None = None):
+    """The backend for `name` ("auto", "torch" or "triton") on `device`: auto is triton on
+    CUDA (for the types it has kernels for), torch elsewhere."""
     if name not in NAMES:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(NAMES)}")
-    if name == "triton":
-        raise NotImplementedError(
-            "backend 'triton' is not available yet: the Triton kernels (gguf_repack_kernels) "
-            "are not built; use backend='torch'")
-    return TorchBackend
+    if name == "torch":
+        return TorchBackend
+    if name == "auto":
+        if device.type != "cuda" or _triton_usable(device) is not None:
+            return TorchBackend
+        import gguf_repack_kernels as kernels
+
+        return TritonBackend if type_name in kernels.FORMATS else TorchBackend
+    why = _triton_usable(device)
+    if why is not None:
+        raise RepackError(f"backend 'triton' is not usable here: {why}")
+    return TritonBackend

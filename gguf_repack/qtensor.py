@@ -71,7 +71,7 @@ class QTensor:
     def dequantize(self, dtype: torch.dtype = torch.float32, backend: str = "auto") -> torch.Tensor:
         """The weights, shape `self.shape`. In float32, bit-exact with gguf.quants.dequantize;
         other dtypes are that value rounded once."""
-        return backends.get(backend, self.device).dequantize(self, dtype)
+        return backends.get(backend, self.device, self.qtype.name).dequantize(self, dtype)
 
     def matmul(self, x: torch.Tensor, backend: str = "auto") -> torch.Tensor:
         """x @ W.T for x of shape (..., K): result (..., N) in x's dtype, accumulated in float32."""
@@ -80,14 +80,14 @@ class QTensor:
                               + (" (use .expert(e))" if len(self.shape) > 2 else ""))
         if x.shape[-1] != self.shape[1]:
             raise RepackError(f"matmul: x has {x.shape[-1]} features, the weight expects {self.shape[1]}")
-        return backends.get(backend, self.device).matmul(self, x)
+        return backends.get(backend, self.device, self.qtype.name).matmul(self, x)
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32,
                   backend: str = "auto") -> torch.Tensor:
         """Rows of W for integer ids of any shape: result ids.shape + (K,)."""
         if len(self.shape) != 2:
             raise RepackError(f"embedding needs a 2-D weight, this one is {list(self.shape)}")
-        return backends.get(backend, self.device).embedding(self, ids, dtype)
+        return backends.get(backend, self.device, self.qtype.name).embedding(self, ids, dtype)
 
     # -- exact structural operations ---------------------------------------------------
     def index_rows(self, rows: torch.Tensor | list[int]) -> "QTensor":

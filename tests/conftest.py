@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+import os
+
+# The Triton kernels run on CPU tensors under Triton's interpreter; it must be chosen before
+# triton is first imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import importlib.util
 import os
 import subprocess

@@ -69,9 +69,10 @@ KV_SAMPLES = [
 
 
 def write_gguf(path: Path, tensors: dict[str, tuple[GGMLQuantizationType, np.ndarray]],
-               kvs=KV_SAMPLES, arch: str = "llama") -> Path:
-    """A GGUF file written by gguf's GGUFWriter: `tensors` maps name -> (type, raw bytes)."""
-    w = gguf.GGUFWriter(str(path), arch)
+               kvs=KV_SAMPLES, arch: str = "llama", split_max_tensors: int = 0) -> Path:
+    """A GGUF file written by gguf's GGUFWriter: `tensors` maps name -> (type, raw bytes).
+    With split_max_tensors, GGUFWriter writes a split set PATH-0000i-of-0000N.gguf instead."""
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     for key, value, vtype, sub_type in kvs:
         w.add_key_value(key, value, vtype, sub_type=sub_type)
     for name, (qtype, raw) in tensors.items():

@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from ggml_blocks import KV_SAMPLES, every_type_tensors, write_gguf
+from ggml_blocks import every_type_tensors, write_gguf
 from safetensors import safe_open
 from test_layout import reference_planes
 
@@ -128,16 +128,7 @@ def test_a_file_without_tensors_round_trips(tmp_path):
 
 def write_split_set(directory, rng, n_shards=3):
     tensors = every_type_tensors(rng)
-    per_shard = -(-len(tensors) // n_shards)
-    w = gguf.GGUFWriter(str(directory / "model.gguf"), "llama", split_max_tensors=per_shard)
-    for key, value, vtype, sub_type in KV_SAMPLES:
-        w.add_key_value(key, value, vtype, sub_type=sub_type)
-    for name, (qtype, raw) in tensors.items():
-        w.add_tensor(name, raw, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf(directory / "model.gguf", tensors, split_max_tensors=-(-len(tensors) // n_shards))
     shards = sorted(directory.glob("model-*-of-*.gguf"))
     assert len(shards) == n_shards
     return shards

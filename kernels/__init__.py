@@ -1,0 +1,20 @@
+"""gguf_repack_kernels: Triton kernels over gguf-repack's rp1 planes.
+
+Depends on torch and triton only (never on gguf_repack), so an engine can take the kernels
+alone. The planes of a quantized weight of torch shape (N, K) are, per block field,
+contiguous tensors [K / block_size, N, count]; see gguf-repack's DESIGN (layout rp1).
+
+    dequantize(planes, type_name, shape, dtype)   -> the weight, (E..., N, K)
+    matmul(x, planes, type_name, shape)           -> x @ W.T, (..., N), fp32 accumulation
+    embedding(ids, planes, type_name, shape, dtype) -> rows of W, ids.shape + (K,)
+
+Each GGML type is one Triton dequant function (formats_*.py), shared by every kernel family
+(dequantize.py, gemv.py, gemm.py, embedding.py); dispatch.py picks the family by M and
+configs.py holds the launch configurations. On CPU tensors the kernels run under Triton's
+interpreter (TRITON_INTERPRET=1 set before triton is imported).
+"""
+
+from .dispatch import dequantize, embedding, matmul
+from .registry import FORMATS, Format
+
+__all__ = ["dequantize", "matmul", "embedding", "FORMATS", "Format"]

@@ -1,0 +1,113 @@
+"""The launchers: planes in, tensors out. The one place that chooses a kernel family by M."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import configs
+from .dequantize import dequantize_kernel
+from .embedding import gather_rows_kernel
+from .gemm import gemm_kernel
+from .gemv import gemv_kernel
+from .registry import FORMATS, MAX_PLANES, Format
+
+# Each module registers its types on import.
+from . import formats_iquants, formats_kquants, formats_legacy, formats_other  # noqa: E402,F401  isort: skip
+
+
+def _format(type_name: str) -> Format:
+    try:
+        return FORMATS[type_name]
+    except KeyError:
+        raise NotImplementedError(f"no Triton kernel for {type_name} yet") from None
+
+
+def _plane_args(planes: dict[str, torch.Tensor], fmt: Format) -> list[torch.Tensor]:
+    """P0..P4 and TABLE: the planes in the format's order (contiguous [B, N, count]), padded
+    with any valid pointer; the lookup table, or again any valid pointer."""
+    args = [planes[f].contiguous() for f in fmt.fields]
+    device = args[0].device
+    args += [args[0]] * (MAX_PLANES - len(args))
+    args.append(fmt.table(device) if fmt.table is not None else args[0])
+    return args
+
+
+def _split(planes, shape, fmt):
+    """(lead count, N, K, B) of a weight of torch shape (E..., N, K); 1-D is one row."""
+    *lead, n, k = (1, *shape) if len(shape) == 1 else shape
+    n_lead = 1
+    for d in lead:
+        n_lead *= d
+    return n_lead, n, k, k // fmt.block_size
+
+
+def _per_expert(planes: dict[str, torch.Tensor], n_lead: int):
+    """2-D plane sets [B, N, count] of each leading index (experts of a stack)."""
+    flat = {f: p.reshape(n_lead, *p.shape[-3:]) for f, p in planes.items()}
+    for e in range(n_lead):
+        yield {f: p[e] for f, p in flat.items()}
+
+
+def dequantize(planes: dict[str, torch.Tensor], type_name: str, shape,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    fmt = _format(type_name)
+    n_lead, n, k, b = _split(planes, shape, fmt)
+    device = next(iter(planes.values())).device
+    out = torch.empty(n_lead, n, k, dtype=dtype, device=device)
+    cfg = configs.dequantize_config(fmt.block_size)
+    for e, expert in enumerate(_per_expert(planes, n_lead)):
+        grid = (triton.cdiv(n, cfg["BN"]), b)
+        dequantize_kernel[grid](*_plane_args(expert, fmt), out[e], n, b, BLOCK=fmt.block_size,
+                                BN=cfg["BN"], DQ=fmt.dequant, num_warps=cfg["num_warps"])
+    return out.reshape(shape)
+
+
+def embedding(ids: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    fmt = _format(type_name)
+    _, n, k, b = _split(planes, shape, fmt)
+    flat = ids.reshape(-1).to(torch.int32).contiguous()
+    out = torch.empty(flat.numel(), k, dtype=dtype, device=flat.device)
+    cfg = configs.embedding_config(fmt.block_size)
+    if flat.numel():
+        grid = (triton.cdiv(flat.numel(), cfg["BI"]), b)
+        gather_rows_kernel[grid](*_plane_args(planes, fmt), flat, out, n, b, flat.numel(),
+                                 BLOCK=fmt.block_size, BI=cfg["BI"], DQ=fmt.dequant,
+                                 num_warps=cfg["num_warps"])
+    return out.reshape(*ids.shape, k)
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # the interpreter: no parallel hardware to fill
+
+
+def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape) -> torch.Tensor:
+    """x @ W.T for a 2-D weight of torch shape (N, K): (..., K) -> (..., N) in x's dtype."""
+    fmt = _format(type_name)
+    n, k = shape
+    b = k // fmt.block_size
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    args = _plane_args(planes, fmt)
+    if m <= configs.GEMV_MAX_M:
+        m_pad = triton.next_power_of_2(max(m, 1))
+        cfg = configs.gemv_config(fmt.block_size, n, b, _multiprocessors(x.device))
+        split = cfg["SPLIT_K"] > 1
+        out = (torch.zeros if split else torch.empty)(m, n, device=x.device,
+                                                      dtype=torch.float32 if split else x.dtype)
+        grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
+        gemv_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
+                          BLOCK=fmt.block_size, BN=cfg["BN"], M_PAD=m_pad,
+                          SPLIT_K=cfg["SPLIT_K"], DQ=fmt.dequant, num_warps=cfg["num_warps"])
+    else:
+        cfg = configs.gemm_config(fmt.block_size, m)
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(n, cfg["BN"]))
+        gemm_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
+                          BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
+                          IEEE=x.dtype == torch.float32, DQ=fmt.dequant,
+                          num_warps=cfg["num_warps"])
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)

@@ -1,0 +1,27 @@
+"""Kernel family: GEMM for larger M, BM x BN tiles, tl.dot on dequantized weight tiles,
+float32 accumulation. fp16/bf16 activations use the tensor cores in their dtype; float32
+ones are multiplied in full float32 (IEEE), as the torch backend does."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om,
+                BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                IEEE: tl.constexpr, DQ: tl.constexpr):
+    ms = tl.program_id(0) * BM + tl.arange(0, BM)
+    rows = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask = rows < N
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for j in range(0, B):
+        w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK] float32
+        x = tl.load(X + ms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
+                    mask=(ms < M)[:, None], other=0.0)
+        if IEEE:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w).to(x.dtype), acc)
+    out = OUT + ms[:, None].to(tl.int64) * stride_om + rows[None, :]
+    tl.store(out, acc.to(OUT.dtype.element_ty), mask=(ms < M)[:, None] & mask[None, :])

@@ -1,0 +1,47 @@
+"""One entry per GGML type: its block size, the order of its planes, its Triton dequant
+function and (for grid types) a lookup table.
+
+A dequant function has one signature for every type, so every kernel family can call it:
+
+    dq(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N) -> float32 [len(rows), block_size]
+
+P0..P4 are the planes in `fields` order (unused ones are any valid pointer), each laid out
+[B, N, count] contiguous, and each cast by the function to the element type it reads (the
+launch's pointer types are not relied on); `j` is the block column, `rows` the row indices (any, not only a
+contiguous range: the embedding gathers), `mask` which of them are real. The element of
+field f for block (j, n) starts at P_f + (j * N + n) * count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+MAX_PLANES = 5
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    block_size: int
+    fields: tuple[str, ...]
+    dequant: object  # a triton JITFunction
+    table: Callable[[torch.device], torch.Tensor] | None = None  # lookup table, per device
+
+
+FORMATS: dict[str, Format] = {}
+
+
+def register(name: str, block_size: int, fields: tuple[str, ...],
+             table: Callable[[torch.device], torch.Tensor] | None = None):
+    """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
+    assert len(fields) <= MAX_PLANES
+
+    def wrap(fn):
+        assert name not in FORMATS, name
+        FORMATS[name] = Format(name, block_size, fields, fn, table)
+        return fn
+
+    return wrap

@@ -1,0 +1,90 @@
+"""The Triton kernels under Triton's interpreter (CPU tensors, small shapes): dequantize
+bitwise equal to the torch backend, matmul within float tolerance, embedding exact."""
+
+import gguf_repack_kernels as kernels
+import numpy as np
+import pytest
+import torch
+from ggml_blocks import random_blocks
+
+from gguf_repack.dequant import DEQUANTIZERS, dequantize_planes
+from gguf_repack.layout import pack
+from gguf_repack.type_table import TYPES_BY_NAME
+
+KERNEL_TYPES = sorted(kernels.FORMATS)
+
+
+def make_planes(name, shape, rng):
+    qtype = TYPES_BY_NAME[name]
+    blocks = random_blocks(qtype.id, shape, rng)
+    return qtype, {k: torch.from_numpy(v) for k, v in pack(blocks, qtype).items()}
+
+
+def test_every_torch_type_has_a_kernel():
+    assert sorted(DEQUANTIZERS) == KERNEL_TYPES
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_formats_match_the_type_table(name):
+    fmt, qtype = kernels.FORMATS[name], TYPES_BY_NAME[name]
+    assert fmt.block_size == qtype.block_size
+    assert fmt.fields == tuple(f.name for f in qtype.fields)
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_dequantize_is_bitwise_the_torch_backend(name, rng):
+    for shape in [(5, 1), (67, 3), (2, 3, 2)]:  # (rows..., blocks): N not a tile multiple, experts
+        qtype = TYPES_BY_NAME[name]
+        shape = (*shape[:-1], shape[-1] * qtype.block_size)
+        qtype, planes = make_planes(name, shape, rng)
+        expected = dequantize_planes(planes, qtype).reshape(shape)
+        got = kernels.dequantize(planes, name, shape)
+        assert got.dtype == torch.float32 and got.shape == shape
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), name
+        assert torch.equal(kernels.dequantize(planes, name, shape, torch.float16), expected.half())
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_matmul_and_embedding(name, rng):
+    qtype = TYPES_BY_NAME[name]
+    n, k = 37, 2 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    for m in (1, 3, 16, 33):  # GEMV (split-K) for the small ones, GEMM above
+        x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+        ref = x @ dense.T
+        got = kernels.matmul(x, planes, name, (n, k))
+        assert got.shape == (m, n) and got.dtype == torch.float32
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, (name, m)
+        xh = (x / dense.abs().max()).half()  # keeps x @ W.T inside float16's range
+        ref_h = xh.float() @ dense.T
+        got_h = kernels.matmul(xh, planes, name, (n, k))
+        assert got_h.dtype == torch.float16
+        assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, m)
+    ids = torch.tensor([[0, 36, 5], [5, 5, 17]])
+    assert torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids])
+
+
+@pytest.mark.parametrize("model_name", ["SmolLM2-135M-Instruct.Q4_1.gguf",
+                                        "gemma-3-270m-q4_k_m.gguf"])
+def test_real_model_tensors_through_the_triton_backend(model_name, converted):
+    """Real data of each quantized type of the real models (up to 96 rows of its smallest
+    tensor): the QTensor triton backend (interpreter) equals the torch backend."""
+    from gguf_repack import QTensor, load
+
+    model = load(converted[model_name])
+    smallest = {}
+    for t in model.manifest["tensors"]:
+        if t["layout"] == "rp1" and (t["type"] not in smallest
+                                     or t["source"]["nbytes"] < smallest[t["type"]]["source"]["nbytes"]):
+            smallest[t["type"]] = t
+    assert smallest
+    for t in smallest.values():
+        w = model[t["name"]]
+        assert isinstance(w, QTensor)
+        w = w.index_rows(torch.arange(min(96, w.shape[0])))  # the interpreter is slow
+        got = w.dequantize(backend="triton")
+        assert torch.equal(got.view(torch.int32), w.dequantize(backend="torch").view(torch.int32))
+        x = torch.randn(2, w.shape[1])
+        ref = w.matmul(x, backend="torch")
+        assert ((w.matmul(x, backend="triton") - ref).abs().max() / ref.abs().max()) <= 1e-4
