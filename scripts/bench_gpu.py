@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""GPU benchmark of the rp1 kernels: one command, under 8 minutes on one GPU.
+
+    python scripts/bench_gpu.py [--out bench-out] [--runs 50]
+    python scripts/bench_gpu.py --smoke      # CPU, Triton's interpreter, tiny shapes: checks
+                                             # the script itself, times mean nothing
+
+For each type and shape (N, K) and batch M, timed side by side with CUDA events (median of
+--runs after warm-up): the rp1 kernel (gguf_repack_kernels.matmul), the raw-layout kernel
+that reads GGUF's own blocks (Q4_0, Q8_0; M <= 8), fp16 torch.matmul with the dense weight,
+and dequantize-then-matmul. A device-to-device copy measured in the same run gives the
+bandwidth baseline. Reported: GB/s of weight bytes and its fraction of copy bandwidth for
+M <= 8, TFLOP/s above, and the ratios. Writes bench_gpu.json and bench_gpu.md into --out.
+
+Types Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every shape; every other type at 4096 x 4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+FULL_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
+GEMV_M = 8
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--types", default=None, help="comma-separated subset")
+    ap.add_argument("--smoke", action="store_true")
+    return ap.parse_args()
+
+
+ARGS = parse() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.smoke:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+import gguf_repack_kernels as kernels  # noqa: E402
+from ggml_blocks import random_blocks  # noqa: E402
+from raw_layout_kernels import RAW_DEQUANT, raw_matmul  # noqa: E402
+
+from gguf_repack.layout import pack  # noqa: E402
+from gguf_repack.type_table import TYPES_BY_NAME  # noqa: E402
+
+
+class Timer:
+    """Median seconds of `runs` calls: CUDA events on a GPU, perf_counter in smoke mode."""
+
+    def __init__(self, device: torch.device, runs: int):
+        self.device, self.runs = device, runs
+
+    def __call__(self, fn) -> float:
+        fn()  # warm-up (and compilation)
+        if self.device.type != "cuda":
+            t = time.perf_counter()
+            for _ in range(self.runs):
+                fn()
+            return (time.perf_counter() - t) / self.runs
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.runs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
+
+def copy_bandwidth(device, timer, nbytes: int) -> float:
+    """Bytes moved per second (read + write) by a device-to-device copy."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    return 2 * nbytes / timer(lambda: b.copy_(a))
+
+
+def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]:
+    qtype = TYPES_BY_NAME[name]
+    blocks = random_blocks(qtype.id, (n, k), rng)
+    planes = {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()}
+    raw = torch.from_numpy(blocks.reshape(n, -1)).to(device)
+    q_bytes = blocks.nbytes
+    dense = kernels.dequantize(planes, name, (n, k), torch.float16)
+    rows = []
+    for m in batches:
+        x = torch.randn(m, k, dtype=torch.float16, device=device)
+        t = {"rp1": timer(lambda: kernels.matmul(x, planes, name, (n, k))),
+             "fp16": timer(lambda: x @ dense.T),
+             "dequant+matmul": timer(lambda: x @ kernels.dequantize(planes, name, (n, k),
+                                                                     torch.float16).T)}
+        if name in RAW_DEQUANT and m <= GEMV_M:
+            t["raw"] = timer(lambda: raw_matmul(x, raw, name, (n, k)))
+        row = {"type": name, "N": n, "K": k, "M": m, "seconds": t,
+               "vs_fp16": t["fp16"] / t["rp1"],
+               "vs_raw": t["raw"] / t["rp1"] if "raw" in t else None}
+        if m <= GEMV_M:
+            row["GB/s"] = q_bytes / t["rp1"] / 1e9
+            row["copy_fraction"] = q_bytes / t["rp1"] / copy_bw
+        else:
+            row["TFLOP/s"] = 2 * m * n * k / t["rp1"] / 1e12
+            row["fp16 TFLOP/s"] = 2 * m * n * k / t["fp16"] / 1e12
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
+    lines = [f"Device: {device_name}; device-to-device copy: {copy_bw / 1e9:.0f} GB/s", "",
+             "| type | N x K | M | rp1 | GB/s (of copy) or TFLOP/s | vs fp16 matmul | vs raw layout "
+             "| dequant+matmul |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        perf = (f"{r['GB/s']:.0f} GB/s ({100 * r['copy_fraction']:.0f}%)" if "GB/s" in r
+                else f"{r['TFLOP/s']:.1f} TFLOP/s")
+        raw = f"{r['vs_raw']:.2f}x" if r["vs_raw"] else "-"
+        lines.append(f"| {r['type']} | {r['N']} x {r['K']} | {r['M']} | "
+                     f"{r['seconds']['rp1'] * 1e6:.1f} us | {perf} | {r['vs_fp16']:.2f}x | {raw} | "
+                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us |")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> None:
+    rng = np.random.default_rng(0)
+    if args.smoke:
+        device, runs = torch.device("cpu"), 1
+        plan = [(t, 64, 2 * TYPES_BY_NAME[t].block_size, [1, 16])
+                for t in (args.types.split(",") if args.types else sorted(kernels.FORMATS))]
+        copy_bytes, device_name = 1 << 20, "CPU (Triton interpreter, smoke test)"
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("error: no CUDA device (use --smoke to check the script on CPU)")
+        device, runs = torch.device("cuda"), args.runs
+        types = args.types.split(",") if args.types else sorted(kernels.FORMATS)
+        plan = [(t, n, k, BATCHES) for t in types
+                for (n, k) in (SHAPES if t in FULL_TYPES else SHAPES[:1])]
+        copy_bytes, device_name = 1 << 30, torch.cuda.get_device_name(device)
+    timer = Timer(device, runs)
+    copy_bw = copy_bandwidth(device, timer, copy_bytes)
+    rows = []
+    for name, n, k, batches in plan:
+        rows += bench_weight(name, n, k, batches, device, timer, copy_bw, rng)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_gpu.json").write_text(json.dumps(
+        {"device": device_name, "copy_GB/s": copy_bw / 1e9, "rows": rows}, indent=1))
+    table = markdown(rows, copy_bw, device_name)
+    (args.out / "bench_gpu.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main(ARGS)

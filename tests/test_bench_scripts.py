@@ -1,0 +1,20 @@
+"""The benchmark scripts run end to end (tiny sizes): a number in BENCHMARKS.md always comes
+from a script that works."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_gpu_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--smoke", "--types",
+                    "Q4_0,Q8_0,Q4_K", "--out", str(tmp_path)], check=True, capture_output=True,
+                   timeout=600)
+    result = json.loads((tmp_path / "bench_gpu.json").read_text())
+    assert {r["type"] for r in result["rows"]} == {"Q4_0", "Q8_0", "Q4_K"}
+    assert all(r["seconds"]["rp1"] > 0 for r in result["rows"])
+    assert any(r["vs_raw"] for r in result["rows"])  # the raw-layout baseline ran
+    assert "| Q4_K |" in (tmp_path / "bench_gpu.md").read_text()
