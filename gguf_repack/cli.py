@@ -57,7 +57,22 @@ def parse_size(text: str) -> int:
     return int(float(m[1]) * _UNITS[unit])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """Usage mistakes, too, come out as one `error: ...` line (and exit code 2)."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            _fail(e.format_message() + hint)
+        except click.exceptions.Abort:
+            _fail("aborted", 130)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gguf-repack")
 def main():
     """Re-tile GGUF models, losslessly, into a planar layout for batched GPU inference."""

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FormatError
-from .layout import blocks_shape, unpack
+from .layout import blocks_shape, plane_shapes, unpack
 from .manifest import TensorRecord, read_manifest
-from .safetensors_io import Entry, pread_into, read_header
+from .safetensors_io import Entry, pread_into, read_header, st_dtype
 from .type_table import TYPES_BY_NAME, GGMLType
 
 CHUNK_BYTES = 16 << 20
@@ -79,6 +79,14 @@ class OutputDir:
         row_bytes = n_blocks * type_size
         rows_per_chunk = max(1, CHUNK_BYTES // max(row_bytes, 1))
         planes = {p.field: self.entry(t, p.key) for p in t.planes}
+        expected = plane_shapes(tuple(t.shape), qtype)
+        for f in qtype.fields:
+            entry = planes[f.name][1] if f.name in planes else None
+            if entry is None or (entry.dtype, entry.shape) != (st_dtype(f.plane_dtype), expected[f.name]):
+                raise FormatError(
+                    f"{self.path}: tensor {t.name!r}: plane {f.name!r} is not the "
+                    f"{st_dtype(f.plane_dtype)} {list(expected[f.name])} that {qtype.name} needs "
+                    f"(an output written with another type table?)")
         for r in range(int(np.prod(lead, dtype=np.int64))):
             for n0 in range(0, n_rows, rows_per_chunk):
                 rows = min(rows_per_chunk, n_rows - n0)

@@ -38,6 +38,10 @@ def test_bad_shard_size_is_a_usage_error(tmp_path, rng, cli):
     proc = cli("convert", src, tmp_path / "out", "--max-shard-size", "lots")
     assert proc.returncode == 2 and "not a size" in proc.stderr
     assert not (tmp_path / "out").exists()
+    for args in (["convert", src], ["no-such-command"], ["verify"]):
+        proc = cli(*args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
 
 
 def test_version_and_help(cli):
