@@ -20,9 +20,15 @@ def gemv_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om
     acc = tl.zeros((M_PAD, BN), dtype=tl.float32)
     for j in range(tl.program_id(1), B, SPLIT_K):
         w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
-        x = tl.load(X + ms[:, None] * stride_xm + j * BLOCK + cols[None, :],
-                    mask=(ms < M)[:, None], other=0.0).to(tl.float32)  # [M_PAD, BLOCK]
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        if M_PAD == 1:
+            # Decode's case: a 2-D product keeps the weight tile in the layout its loads
+            # gave it (the 3-D broadcast below makes threads reload the quants).
+            x = tl.load(X + j * BLOCK + cols).to(tl.float32)
+            acc += tl.sum(w * x[None, :], axis=1)[None, :]
+        else:
+            x = tl.load(X + ms[:, None] * stride_xm + j * BLOCK + cols[None, :],
+                        mask=(ms < M)[:, None], other=0.0).to(tl.float32)  # [M_PAD, BLOCK]
+            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
     out = OUT + ms[:, None] * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:
