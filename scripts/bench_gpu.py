@@ -7,10 +7,11 @@
 
 For each type and shape (N, K) and batch M, timed side by side with CUDA events (median of
 --runs after warm-up): the rp1 kernel (gguf_repack_kernels.matmul), the raw-layout kernel
-that reads GGUF's own blocks (Q4_0, Q8_0; M <= 8), fp16 torch.matmul with the dense weight,
-and dequantize-then-matmul. A device-to-device copy measured in the same run gives the
-bandwidth baseline. Reported: GB/s of weight bytes and its fraction of copy bandwidth for
-M <= 8, TFLOP/s above, and the ratios. Writes bench_gpu.json and bench_gpu.md into --out.
+that reads GGUF's own blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS; M <= 8), fp16
+torch.matmul with the dense weight, and dequantize-then-matmul. A device-to-device copy
+measured in the same run gives the bandwidth baseline. Reported: GB/s of weight bytes and
+its fraction of copy bandwidth for M <= 8, TFLOP/s above, and the ratios. Writes
+bench_gpu.json and bench_gpu.md into --out.
 
 Types Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every shape; every other type at 4096 x 4096.
 """

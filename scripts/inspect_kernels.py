@@ -25,15 +25,22 @@ from gguf_repack_kernels.aot import FAMILIES, compile_kernel, compile_ptx, ptx_s
 
 
 def raw_rows(archs) -> list[dict]:
+    """The raw-layout GEMV of each type it has, at the rp1 GEMV's configuration (aot._spec)."""
+    from gguf_repack_kernels import configs
     from raw_layout_kernels import RAW_DEQUANT, raw_gemv_kernel
 
-    sig = {"RAW": "*u8", "X": "*fp16", "OUT": "*fp32", "M": "i32", "N": "i32", "B": "i32",
-           "stride_xm": "i32", "stride_om": "i32"}
+    from gguf_repack.type_table import TYPES_BY_NAME
+
+    sig = {"RAW": "*u8", "TABLE": "*i32", "X": "*fp16", "OUT": "*fp32", "M": "i32", "N": "i32",
+           "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
     rows = []
     for name, dq in RAW_DEQUANT.items():
+        qtype = TYPES_BY_NAME[name]
+        cfg = configs.gemv_config(qtype.block_size, 4096, 4096 // qtype.block_size, 132)
         for arch in archs:
-            ptx = compile_kernel(raw_gemv_kernel, sig, {"BN": 64, "M_PAD": 1, "SPLIT_K": 1,
-                                                        "DQ": dq}, arch)
+            ptx = compile_kernel(raw_gemv_kernel, sig, {
+                "BLOCK": qtype.block_size, "TYPE_SIZE": qtype.type_size, "BN": cfg["BN"],
+                "M_PAD": 1, "SPLIT_K": cfg["SPLIT_K"], "DQ": dq}, arch, num_warps=cfg["num_warps"])
             rows.append({"type": name, "family": "gemv (raw GGUF blocks)", "arch": arch,
                          **ptx_summary(ptx)})
     return rows
