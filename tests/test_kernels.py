@@ -45,12 +45,13 @@ def test_dequantize_is_bitwise_the_torch_backend(name, rng):
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)
-def test_matmul_and_embedding(name, rng):
+@pytest.mark.parametrize("k_blocks, batches", [(2, (1, 3, 16, 33)), (1, (1, 33)), (4, (3, 16))])
+def test_matmul_and_embedding(name, k_blocks, batches, rng):
     qtype = TYPES_BY_NAME[name]
-    n, k = 37, 2 * qtype.block_size
+    n, k = 37, k_blocks * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
     dense = dequantize_planes(planes, qtype)
-    for m in (1, 3, 16, 33):  # GEMV (split-K) for the small ones, GEMM above
+    for m in batches:  # GEMV (split-K) up to M=8, GEMM above
         x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
         ref = x @ dense.T
         got = kernels.matmul(x, planes, name, (n, k))
