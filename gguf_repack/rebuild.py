@@ -43,6 +43,10 @@ def export(out_dir: str | os.PathLike, dest: str | os.PathLike, *, force: bool =
 
 def _targets(od: OutputDir, dest: Path) -> list[Path]:
     names = [s["file"] for s in od.sources]
+    for n in names:  # names come from the manifest: never let one point outside `dest`
+        if not isinstance(n, str) or Path(n).name != n or n in ("", ".", ".."):
+            raise FormatError(f"{od.path}: source file name {n!r} in the manifest is not a "
+                              f"plain file name")
     if dest.is_dir():
         return [dest / n for n in names]
     if len(names) == 1:

@@ -321,7 +321,11 @@ def _move_into_place(tmp: Path, out: Path, force: bool) -> None:
     if force and out.exists():
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
         os.rename(out, old)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            os.rename(old, out)  # the previous output stays as it was
+            raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         try:

@@ -217,3 +217,18 @@ def test_split_set_with_a_missing_or_inconsistent_shard(tmp_path, cli):
     shards[2].unlink()
     assert_clean_failure(cli("convert", shards[0], tmp_path / "o"), tmp_path, before,
                          "missing shard 3 of 3")
+
+
+def test_export_never_writes_outside_its_destination(good, tmp_path, cli):
+    import json
+
+    out = tmp_path / "out"
+    cli("convert", good, out, check_exit=0)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["sources"][0]["file"] = "../escaped.gguf"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    proc = cli("export", out, dest)
+    assert proc.returncode == 2 and "not a plain file name" in proc.stderr
+    assert not (tmp_path / "escaped.gguf").exists() and list(dest.iterdir()) == []
