@@ -56,7 +56,8 @@ def compile_ptx(family: str, type_name: str, capability: int = 90, act: str = "f
     fmt = FORMATS[type_name]
     kernel, sig, constexprs, cfg = _spec(family, fmt.block_size, act)
     return compile_kernel(kernel, sig, {**constexprs, "DQ": fmt.dequant}, capability,
-                          num_warps=cfg["num_warps"], fp_fusion=family != "dequantize")
+                          num_warps=cfg["num_warps"],
+                          fp_fusion=family not in ("dequantize", "embedding"))
 
 
 def compile_kernel(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,
@@ -92,4 +93,6 @@ def ptx_summary(ptx: str) -> dict:
         "mma": len(re.findall(r"\bmma\.sync", ptx)),
         "wgmma": len(re.findall(r"\bwgmma\.", ptx)),
         "spills": len(re.findall(r"\b(?:ld|st)\.local", ptx)),
+        # fused multiply-adds round once where the reference rounds twice
+        "fma": len(re.findall(r"\bfma\.rn\.f32", ptx)),
     }

@@ -1,4 +1,8 @@
-"""The launchers: planes in, tensors out. The one place that chooses a kernel family by M."""
+"""The launchers: planes in, tensors out. The one place that chooses a kernel family by M.
+
+Dequantize and embedding must equal the torch backend bit for bit, so they are compiled with
+FP fusion off (on a GPU, Triton would otherwise turn `d * q + m` into one FMA, rounded once
+instead of twice). The GEMV and GEMM keep it: their sums are within tolerance anyway."""
 
 from __future__ import annotations
 
@@ -59,7 +63,8 @@ def dequantize(planes: dict[str, torch.Tensor], type_name: str, shape,
     for e, expert in enumerate(_per_expert(planes, n_lead)):
         grid = (triton.cdiv(n, cfg["BN"]), b)
         dequantize_kernel[grid](*_plane_args(expert, fmt), out[e], n, b, BLOCK=fmt.block_size,
-                                BN=cfg["BN"], DQ=fmt.dequant, num_warps=cfg["num_warps"])
+                                BN=cfg["BN"], DQ=fmt.dequant, num_warps=cfg["num_warps"],
+                                enable_fp_fusion=False)
     return out.reshape(shape)
 
 
@@ -74,7 +79,7 @@ def embedding(ids: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str
         grid = (triton.cdiv(flat.numel(), cfg["BI"]), b)
         gather_rows_kernel[grid](*_plane_args(planes, fmt), flat, out, n, b, flat.numel(),
                                  BLOCK=fmt.block_size, BI=cfg["BI"], DQ=fmt.dequant,
-                                 num_warps=cfg["num_warps"])
+                                 num_warps=cfg["num_warps"], enable_fp_fusion=False)
     return out.reshape(*ids.shape, k)
 
 

@@ -54,3 +54,10 @@ def test_rp1_plane_loads_are_vectorized_and_unaligned_raw_blocks_are_not(ptx_row
         if "raw" in r["family"] and r["type"] in UNALIGNED_RAW:
             assert r["vector_loads"] == 0, r
     assert {r["type"] for r in ptx_rows if "raw" in r["family"]} >= UNALIGNED_RAW
+
+
+def test_exact_families_have_no_fused_multiply_add(ptx_rows):
+    """Dequantize and embedding must round like the reference: no FMA in their PTX."""
+    for r in ptx_rows:
+        if r["family"] in ("dequantize", "embedding"):
+            assert r["fma"] == 0, r
