@@ -62,11 +62,13 @@ def compile_ptx(family: str, type_name: str, capability: int = 90, act: str = "f
 
 def compile_kernel(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,
                    fp_fusion: bool = True) -> str:
-    """PTX of any @triton.jit kernel: `sig` types its runtime arguments (all of them marked
-    16-divisible), `constexprs` fixes the rest."""
+    """PTX of any @triton.jit kernel: `sig` types its runtime arguments (marked 16-divisible
+    unless the kernel never specializes them), `constexprs` fixes the rest."""
     signature = {**sig, **{k: "constexpr" for k in constexprs}}
     names = list(signature)
-    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in sig}
+    # as a launch would: every argument 16-divisible, but those the kernel never specializes
+    generic = set(getattr(kernel, "do_not_specialize", ()) or ())
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in sig if k not in generic}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "enable_fp_fusion": fp_fusion}
     compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)

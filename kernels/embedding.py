@@ -4,7 +4,8 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# The number of ids only masks rows: one compiled variant serves every value of it.
+@triton.jit(do_not_specialize=["n_ids"])
 def gather_rows_kernel(P0, P1, P2, P3, P4, TABLE, IDS, OUT, N, B, n_ids,
                        BLOCK: tl.constexpr, BI: tl.constexpr, DQ: tl.constexpr):
     """One program per tile of ids x block column: dequant functions take any row indices."""

@@ -9,7 +9,8 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# The batch size only masks rows: one compiled variant serves every value of it.
+@triton.jit(do_not_specialize=["M"])
 def gemv_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om,
                 BLOCK: tl.constexpr, BN: tl.constexpr, M_PAD: tl.constexpr,
                 SPLIT_K: tl.constexpr, DQ: tl.constexpr):

@@ -136,7 +136,8 @@ def _raw_iq4_xs(block, mask, TABLE):
     return per_group(dl, q)
 
 
-@triton.jit
+# The batch size only masks rows: one compiled variant serves every value of it.
+@triton.jit(do_not_specialize=["M"])
 def raw_gemv_kernel(RAW, TABLE, X, OUT, M, N, B, stride_xm, stride_om, BLOCK: tl.constexpr,
                     TYPE_SIZE: tl.constexpr, BN: tl.constexpr, M_PAD: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr):
