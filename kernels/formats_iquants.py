@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .formats_legacy import field_f16, nibbles
+from .fields import field, field_f16, field_run, nibbles
 from .registry import register
 
 KSIGNS = tl.constexpr(128)  # ksigns entries; a table holding them puts its grid after
@@ -69,22 +69,6 @@ def _grid(name):
 
 
 # -- shared unpacking ------------------------------------------------------------------
-
-
-@triton.jit
-def field_run(P, j, rows, mask, N, COUNT: tl.constexpr, START: tl.constexpr,
-              LEN: tl.constexpr, DTYPE: tl.constexpr):
-    """Elements START..START+LEN of a field of COUNT DTYPE elements per block, as
-    [len(rows), LEN]: one contiguous run per row (vector loads)."""
-    base = (j * N + rows).to(tl.int64) * COUNT + START
-    ptr = P.to(tl.pointer_type(DTYPE)) + base[:, None] + tl.arange(0, LEN)[None, :]
-    return tl.load(ptr, mask=mask[:, None], other=0)
-
-
-@triton.jit
-def field(P, j, rows, mask, N, COUNT: tl.constexpr, DTYPE: tl.constexpr):
-    """A whole field of COUNT DTYPE elements per block, as [len(rows), COUNT]."""
-    return field_run(P, j, rows, mask, N, COUNT, 0, COUNT, DTYPE)
 
 
 @triton.jit

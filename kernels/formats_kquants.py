@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from .formats_legacy import field_bytes, field_f16
+from .fields import concat, field_bytes, field_f16
 from .registry import register
 
 
@@ -24,12 +24,6 @@ def per_weight(s, SUB: tl.constexpr):
     """One value per sub-block [R, S] -> repeated over its SUB weights, [R, S * SUB]."""
     return tl.reshape(tl.broadcast_to(s[:, :, None], (s.shape[0], s.shape[1], SUB)),
                       (s.shape[0], s.shape[1] * SUB))
-
-
-@triton.jit
-def concat(a, b):
-    """[R, n] twice -> [R, 2n]: all of a, then all of b."""
-    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
 
 
 @triton.jit

@@ -3,39 +3,8 @@
 import triton
 import triton.language as tl
 
+from .fields import field_bytes, field_f16, field_word, nibbles
 from .registry import register
-
-
-@triton.jit
-def field_bytes(P, j, rows, mask, N, COUNT: tl.constexpr):
-    """A byte field of `COUNT` bytes per block as uint8 [len(rows), COUNT]: one contiguous
-    run per row, so a tile reads it with vector loads."""
-    base = (j * N + rows).to(tl.int64) * COUNT
-    ptr = P.to(tl.pointer_type(tl.uint8)) + base[:, None] + tl.arange(0, COUNT)[None, :]
-    return tl.load(ptr, mask=mask[:, None], other=0)
-
-
-@triton.jit
-def field_f16(P, j, rows, mask, N):
-    """A float16 scale field as float32 [len(rows), 1]."""
-    base = (j * N + rows).to(tl.int64)
-    ptr = P.to(tl.pointer_type(tl.float16)) + base
-    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)[:, None]
-
-
-@triton.jit
-def field_word(P, j, rows, mask, N, COUNT: tl.constexpr, WORD: tl.constexpr):
-    """Word WORD of a field of `COUNT` int32 words per block, as int32 [len(rows)]: for bit
-    fields that are unpacked by shifting the whole word."""
-    base = (j * N + rows).to(tl.int64) * COUNT + WORD
-    return tl.load(P.to(tl.pointer_type(tl.int32)) + base, mask=mask, other=0)
-
-
-@triton.jit
-def nibbles(b):
-    """uint8 [R, 16] -> [R, 32]: every byte's low nibble, then every high one (ggml's order)."""
-    both = tl.join(b & 0x0F, b >> 4)  # [R, 16, 2]
-    return tl.reshape(tl.permute(both, (0, 2, 1)), (b.shape[0], 2 * b.shape[1]))
 
 
 @register("Q4_0", 32, ("d", "qs"))

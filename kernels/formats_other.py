@@ -6,30 +6,13 @@ Every small value table here is a few integer operations, cheaper than a gather 
 import triton
 import triton.language as tl
 
-from .formats_legacy import field_bytes, field_f16, nibbles
+from .fields import concat, field_bytes, field_f16, field_run, nibbles
 from .registry import register
 
 
 @triton.jit
-def field_slice(P, j, rows, mask, N, COUNT: tl.constexpr, START: tl.constexpr,
-                WIDTH: tl.constexpr):
-    """Bytes START..START+WIDTH of a COUNT-byte field as uint8 [len(rows), WIDTH]: for a
-    field whose length is no power of two, read as power-of-two contiguous pieces."""
-    base = (j * N + rows).to(tl.int64) * COUNT + START
-    ptr = P.to(tl.pointer_type(tl.uint8)) + base[:, None] + tl.arange(0, WIDTH)[None, :]
-    return tl.load(ptr, mask=mask[:, None], other=0)
-
-
-@triton.jit
-def cat(a, b):
-    """[R, W] and [R, W] -> [R, 2W], a then b. (tl.cat may reorder elements.)"""
-    both = tl.join(a, b)  # [R, W, 2]
-    return tl.reshape(tl.permute(both, (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
-
-
-@triton.jit
 def cat4(a, b, c, d):
-    return cat(cat(a, b), cat(c, d))
+    return concat(concat(a, b), concat(c, d))
 
 
 # --- Ternary ------------------------------------------------------------------------------
@@ -49,13 +32,13 @@ def tq1_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # trits a byte (weights 0..159), qs[32:48] 5 (160..239), qh[0:4] 4 (240..255). Neither
     # 48 bytes nor 5 digits is a power of two, so the 256 weights are assembled from pieces
     # of 16 and 32 by pairwise concatenation. uint8 products wrap, which drops the digits before j.
-    a = field_slice(P0, j, rows, mask, N, 48, 0, 32)
-    b = field_slice(P0, j, rows, mask, N, 48, 32, 16)
+    a = field_run(P0, j, rows, mask, N, 48, 0, 32, tl.uint8)
+    b = field_run(P0, j, rows, mask, N, 48, 32, 16, tl.uint8)
     h = field_bytes(P1, j, rows, mask, N, 4)
     first = cat4(a, a * 3, a * 9, a * 27)
     qh = cat4(h, h * 3, h * 9, h * 27)
-    rest = cat(cat(a * 81, cat(b, b * 3)), cat(cat(b * 9, b * 27), cat(b * 81, qh)))
-    q = trits(cat(first, rest))
+    rest = concat(concat(a * 81, concat(b, b * 3)), concat(concat(b * 9, b * 27), concat(b * 81, qh)))
+    q = trits(concat(first, rest))
     return q.to(tl.float32) * field_f16(P2, j, rows, mask, N)
 
 

@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 from gguf_repack_kernels import FORMATS, configs
+from gguf_repack_kernels.fields import concat, nibbles
 from gguf_repack_kernels.formats_iquants import bitfields, kvalue, per_group
-from gguf_repack_kernels.formats_kquants import bit_fields, concat, per_weight
-from gguf_repack_kernels.formats_legacy import nibbles
+from gguf_repack_kernels.formats_kquants import bit_fields, per_weight
 
 from gguf_repack.type_table import TYPES_BY_NAME
 
