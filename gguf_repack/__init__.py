@@ -12,19 +12,11 @@ Importing this package does not import torch (the converter does not need it); `
 `QTensor` import it on first use.
 """
 
-import os
-
 __version__ = "0.1.0"
 
-# torch's CPU allocator maps large tensors in 4 KiB pages unless told otherwise (numpy asks
-# for huge pages): dequantizing 64 MiB of float32 then costs about 16k page faults, as much
-# time as the arithmetic. torch reads this once, at its first allocation, so it only helps
-# when gguf_repack is imported before torch; a value the user set is kept.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-
-from .errors import FormatError, OutputError, RepackError  # noqa: E402
-from .rebuild import export, verify  # noqa: E402
-from .writer import convert  # noqa: E402
+from .errors import FormatError, OutputError, RepackError
+from .rebuild import export, verify
+from .writer import convert
 
 __all__ = ["convert", "export", "verify", "load", "QTensor", "RepackedModel", "RepackError",
            "FormatError", "OutputError", "__version__"]
