@@ -84,17 +84,20 @@ def main():
 @click.option("--force", is_flag=True, help="Replace OUT_DIR if it is a previous gguf-repack output.")
 @click.option("--max-shard-size", default="4GB", show_default=True,
               help="Largest safetensors file (a tensor larger than this gets a file of its own).")
+@click.option("--weights-only", is_flag=True,
+              help="Skip config.json, generation_config.json and the tokenizer files.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
 @_reports_errors
-def convert(src, out, force, max_shard_size, progress):
-    """Convert IN.gguf (or the first shard of a split set) into OUT_DIR."""
+def convert(src, out, force, max_shard_size, progress, weights_only):
+    """Convert IN.gguf (or the first shard of a split set) into OUT_DIR, with config.json and
+    tokenizer files for engines (these need the `hf` extra)."""
     from .writer import convert as run
 
     if progress is None:
         progress = sys.stderr.isatty()
     summary = run(src, out, force=force, max_shard_size=parse_size(max_shard_size),
-                  progress=progress)
+                  progress=progress, weights_only=weights_only)
     click.echo(summary.line())
 
 

@@ -8,7 +8,11 @@ Order of work, and why:
 3. A background thread reads each source file sequentially for its sha256 (hashlib
    releases the GIL) while the main thread reads chunks of rows, hashes them (the per-tensor
    sha256), re-tiles and writes them.
-4. Everything goes into a temporary sibling directory; the manifest is written last and the
+4. The engine files (config.json, tokenizer, generation config) come from transformers' GGUF
+   conversion, fed with the values already scanned (gguf_repack.hf.engine_files); without
+   the `hf` extra, or for a model transformers cannot describe, they are skipped and the
+   summary says so. `weights_only=True` skips them on purpose.
+5. Everything goes into a temporary sibling directory; the manifest is written last and the
    directory renamed into place. An interrupted run leaves no output, only its temporary
    directory (removed on any error this process sees).
 """
@@ -24,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -60,11 +64,18 @@ class ConvertSummary:
     bytes_in: int
     bytes_out: int
     seconds: float
+    engine_files: list[str] = field(default_factory=list)
+    engine_files_skipped: str | None = None  # why, when they were not written
 
     def line(self) -> str:
         types = ", ".join(f"{n} {t}" for t, n in self.types.most_common())
-        return (f"converted {self.n_tensors} tensors ({types}): {_mb(self.bytes_in)} -> "
+        line = (f"converted {self.n_tensors} tensors ({types}): {_mb(self.bytes_in)} -> "
                 f"{_mb(self.bytes_out)} in {self.seconds:.2f} s -> {self.output}")
+        if self.engine_files:
+            line += f"\nengine files: {', '.join(self.engine_files)}"
+        if self.engine_files_skipped:
+            line += f"\nskipped config.json and tokenizer: {self.engine_files_skipped}"
+        return line
 
 
 def _mb(n: int) -> str:
@@ -80,9 +91,11 @@ class _Planned:
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = False,
-            max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, progress: bool = False) -> ConvertSummary:
+            max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, progress: bool = False,
+            weights_only: bool = False) -> ConvertSummary:
     """Convert the GGUF model at `src` (a file, or the first shard of a split set) into the
-    output directory `out`. Raises RepackError for bad input or an unusable `out`."""
+    output directory `out`, with config.json and tokenizer files for engines unless
+    `weights_only`. Raises RepackError for bad input or an unusable `out`."""
     t0 = time.perf_counter()
     gset = open_gguf(src)
     out = Path(out)
@@ -105,6 +118,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
                                 for p in planned for e in p.entries}}
         (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
         sources = [_write_source_record(f, i, tmp) for i, f in enumerate(gset.files)]
+        engine_files, skipped = ([], "--weights-only") if weights_only else _engine_files(gset, tmp)
         hasher.join_checked()
         for source, digest in zip(sources, hasher.sha256):
             source["sha256"] = digest
@@ -124,7 +138,20 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
         raise
     bytes_out = sum(f.stat().st_size for f in out.iterdir())
     return ConvertSummary(out, len(planned), Counter(p.info.type.name for p in planned),
-                          gset.size, bytes_out, time.perf_counter() - t0)
+                          gset.size, bytes_out, time.perf_counter() - t0, engine_files,
+                          None if weights_only else skipped)
+
+
+def _engine_files(gset: GGUFSet, tmp: Path) -> tuple[list[str], str | None]:
+    from .engine_files import EngineFilesSkipped, why_not, write_engine_files
+
+    reason = why_not(gset.first)
+    if reason:
+        return [], reason
+    try:
+        return write_engine_files(gset.first, [t.name for _, t in gset.tensors], tmp), None
+    except EngineFilesSkipped as e:
+        return [], str(e)
 
 
 def _check_output(out: Path, force: bool) -> None:

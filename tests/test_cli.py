@@ -23,10 +23,11 @@ def test_inspect_gguf_and_output_dir(tmp_path, rng, cli):
     assert "gguf-repack v1" in cli("inspect", out, check_exit=0).stdout
 
 
-def test_convert_prints_one_summary_line(tmp_path, rng, cli):
+def test_convert_prints_a_summary_and_what_it_skipped(tmp_path, rng, cli):
     src = write_gguf(tmp_path / "m.gguf", every_type_tensors(rng))
     proc = cli("convert", src, tmp_path / "out", "--max-shard-size", "10KB", check_exit=0)
-    (line,) = proc.stdout.strip().splitlines()
+    line, skipped = proc.stdout.strip().splitlines()
+    assert skipped == "skipped config.json and tokenizer: the GGUF file holds no tokenizer"
     assert line.startswith(f"converted {len(every_type_tensors(rng))} tensors")
     assert "MB ->" in line and " s -> " in line
     shards = json.loads((tmp_path / "out" / "manifest.json").read_text())["shards"]

@@ -1,0 +1,201 @@
+"""The files an engine looks for beside the weights: config.json, generation_config.json and the
+tokenizer (tokenizer.json, tokenizer_config.json, chat template).
+
+All of them come out of transformers' own GGUF conversion, so `AutoConfig/AutoTokenizer.
+from_pretrained(out)` give what `from_pretrained(gguf_file=...)` gives on the source, with no
+original repository. transformers reads a GGUF through two readers: its own
+`read_gguf_metadata` (fast) and, for most architectures' configs, gguf-py's `GGUFReader`, which
+takes about 12 s on Gemma 3's 262k-token vocabulary. We already hold every key/value from our
+bounded scanner, so `transformers_reads(gguf)` swaps both readers for views of those values for
+the duration of the conversion; transformers' mapping code runs unchanged.
+
+This module imports transformers only inside the functions that need it: the converter imports
+it to write these files, and never imports torch when there are none to write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from .manifest import FORMAT_VERSION
+from .reader import GGUFFile, GGUFValueType, StringArray
+
+QUANT_METHOD = "gguf_repack"
+CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def quantization_config() -> dict:
+    return {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION}
+
+
+def hf_available() -> str | None:
+    """None when the `hf` extra is importable, else the reason it is not."""
+    from importlib.util import find_spec
+
+    for name in ("transformers", "tokenizers", "accelerate"):
+        if find_spec(name) is None:
+            return f"{name} is not installed (pip install 'gguf-repack[hf]')"
+    return None
+
+
+class EngineFilesSkipped(Exception):
+    """The weights are fine, but transformers cannot describe this model."""
+
+
+def why_not(gguf: GGUFFile) -> str | None:
+    """Why no engine files can be written for this model, checked without importing anything."""
+    if "tokenizer.ggml.tokens" not in gguf.kvs:
+        return "the GGUF file holds no tokenizer"
+    return hf_available()
+
+
+def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> list[str]:
+    """Write the engine files for the model whose first (or only) file is `gguf` into `out`.
+    Returns the names written. Raises EngineFilesSkipped when transformers has no mapping for
+    the architecture or the file holds no tokenizer."""
+    with _quiet_transformers(), transformers_reads(gguf, tensor_names):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        source = os.path.abspath(gguf.path)
+        try:
+            config = AutoConfig.from_pretrained(os.path.dirname(source), gguf_file=source)
+            tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(source), gguf_file=source)
+        except (ValueError, KeyError, NotImplementedError) as e:
+            arch = gguf.get("general.architecture")
+            raise EngineFilesSkipped(f"transformers cannot map architecture {arch!r} ({e})") from None
+    config.architectures = config.architectures or _causal_lm_class(config.model_type)
+    config.save_pretrained(out)
+    _complete_config(out / "config.json")
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    written = tokenizer.save_pretrained(out)
+    return sorted({*CONFIG_FILES, *(Path(p).name for p in written)})
+
+
+def _causal_lm_class(model_type: str) -> list[str] | None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return [name] if name else None
+
+
+def _complete_config(path: Path) -> None:
+    config = json.loads(path.read_text())
+    config["quantization_config"] = quantization_config()
+    # llama.cpp computes in float32 and the norms are stored so; without this, transformers'
+    # dtype="auto" would take the first float plane it meets (a float16 block scale)
+    config["dtype"] = "float32"
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+class _quiet_transformers:
+    """transformers logs and warns about every GGUF key it does not map; a convert is not the
+    place for that."""
+
+    def __enter__(self):
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore")
+        self._logger = logging.getLogger("transformers")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        self._logger.setLevel(self._level)
+        self._warnings.__exit__(*exc)
+
+
+# -- our values, in the shapes transformers' readers give --------------------------------
+
+
+def plain_metadata(gguf: GGUFFile, string_arrays=()) -> dict[str, Any]:
+    """The shapes transformers' `read_gguf_metadata` gives: scalars and strings as Python values,
+    numeric arrays as lists, string arrays as their length unless named in `string_arrays`."""
+    out = {}
+    for key, kv in gguf.kvs.items():
+        value = kv.value
+        if isinstance(value, StringArray):
+            value = value.items if key in string_arrays else len(value)
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
+        out[key] = value
+    return out
+
+
+def _reader_field(kv) -> SimpleNamespace:
+    """One `GGUFReader` field as transformers indexes it: `parts[i] for i in data`, parsed by type.
+    gguf-py keeps a numeric array as one part (so transformers sees its first element), a string
+    array as one part per string."""
+    value = kv.value
+    if kv.type != GGUFValueType.ARRAY:
+        part = value.encode("utf-8") if isinstance(value, str) else [value]
+        return SimpleNamespace(types=[int(kv.type)], parts=[part], data=[0])
+    types = [int(GGUFValueType.ARRAY), int(kv.item_type)]
+    if isinstance(value, StringArray):
+        parts = [s.encode("utf-8") for s in value.items]
+        return SimpleNamespace(types=types, parts=parts, data=range(len(parts)))
+    if isinstance(value, np.ndarray):
+        return SimpleNamespace(types=types, parts=[value], data=[0] if len(value) else [])
+    return SimpleNamespace(types=types, parts=[value], data=[0])
+
+
+class ReaderView:
+    """Enough of gguf-py's `GGUFReader` for transformers' `load_gguf_checkpoint` metadata pass."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.fields = {key: _reader_field(kv) for key, kv in gguf.kvs.items()}
+        self.tensors = [SimpleNamespace(name=t.name) for t in gguf.tensors]
+
+
+@contextlib.contextmanager
+def transformers_reads(gguf: GGUFFile, tensor_names: list[str]):
+    """Within this block, transformers reading `gguf.path` as a GGUF file reads our values.
+    The metadata pass of `load_gguf_checkpoint` is remembered: AutoTokenizer repeats the
+    AutoConfig one, and each walks the whole vocabulary in Python."""
+    import gguf as gguf_py
+    import transformers.integrations.gguf as hf_gguf
+    import transformers.integrations.gguf.reader as hf_reader
+    import transformers.modeling_gguf_pytorch_utils as hf_legacy
+
+    target = os.path.realpath(gguf.path)
+    real_read, real_reader = hf_reader.read_gguf_metadata, gguf_py.GGUFReader
+    real_checkpoint = hf_legacy.load_gguf_checkpoint
+    remembered = {}
+
+    def read_gguf_metadata(path, string_arrays=()):
+        if os.path.realpath(path) != target:
+            return real_read(path, string_arrays)
+        return plain_metadata(gguf, string_arrays), tuple(tensor_names)
+
+    def reader(path, *args, **kwargs):
+        if os.path.realpath(path) != target:
+            return real_reader(path, *args, **kwargs)
+        return ReaderView(gguf)
+
+    def load_gguf_checkpoint(path, return_tensors=False, *args, **kwargs):
+        if return_tensors or os.path.realpath(path) != target:
+            return real_checkpoint(path, return_tensors, *args, **kwargs)
+        if "parsed" not in remembered:
+            remembered["parsed"] = real_checkpoint(path, False)
+        return copy.deepcopy(remembered["parsed"])
+
+    hf_gguf.read_gguf_metadata  # noqa: B018 - resolve the lazy attribute so it can be swapped
+    hf_reader.read_gguf_metadata = hf_gguf.read_gguf_metadata = read_gguf_metadata
+    gguf_py.GGUFReader = reader
+    hf_legacy.load_gguf_checkpoint = load_gguf_checkpoint
+    try:
+        yield
+    finally:
+        hf_reader.read_gguf_metadata = hf_gguf.read_gguf_metadata = real_read
+        gguf_py.GGUFReader = real_reader
+        hf_legacy.load_gguf_checkpoint = real_checkpoint

@@ -1,0 +1,168 @@
+"""load_model(out): a transformers model whose linear layers and token embedding stay quantized.
+
+The model is built from the directory's config.json with empty (meta) weights, then every GGUF
+tensor is put in place under its transformers name: quantized ones as QuantLinear /
+QuantEmbedding modules holding the rp1 planes, float ones (norms, biases) as parameters. No
+weight is ever dequantized whole.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..engine_files import QUANT_METHOD
+from ..errors import FormatError, RepackError
+from ..loader import RepackedModel, load
+from ..qtensor import QTensor
+from .modules import QuantEmbedding, QuantLinear
+from .names import gguf_to_hf_names, process_plain, row_permutation, tensor_processor
+
+
+def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
+               dtype: torch.dtype = torch.float32, backend: str = "auto", verify: bool = False):
+    """The model in output directory `out` as a transformers `PreTrainedModel` (eval mode).
+    `dtype` is the compute dtype of activations and float weights; `backend` picks the
+    QTensor kernels ("auto": triton on CUDA, torch elsewhere)."""
+    from transformers import AutoConfig
+
+    out = Path(out)
+    repacked = load(out, device, verify=verify)
+    if not (out / "config.json").is_file():
+        raise FormatError(f"{out}: no config.json (convert it again with the hf extra installed "
+                          f"and without --weights-only)")
+    config = AutoConfig.from_pretrained(out)
+    model = empty_model(config, dtype)
+    fill_model(model, repacked, dtype=dtype, backend=backend)
+    return model.to(device).eval()
+
+
+def empty_model(config, dtype: torch.dtype):
+    """The model for `config` with its weights on the meta device (buffers, such as rotary
+    frequencies, are real)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is not None:
+        _check_quantization_config(quantization)
+        # from_config would look for a quantizer; the weights are put in place by fill_model
+        del config.quantization_config
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if quantization is not None:
+        config.quantization_config = quantization
+    return model
+
+
+def _check_quantization_config(quantization) -> None:
+    from ..manifest import FORMAT_VERSION
+
+    q = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    if q.get("quant_method") != QUANT_METHOD:
+        raise FormatError(f"config.json: quant_method is {q.get('quant_method')!r}, not {QUANT_METHOD!r}")
+    if q.get("format_version") != FORMAT_VERSION:
+        raise FormatError(f"config.json: format_version {q.get('format_version')!r} is not one this "
+                          f"gguf-repack reads ({FORMAT_VERSION})")
+
+
+def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype = torch.float32,
+               backend: str = "auto") -> None:
+    """Put every tensor of `repacked` into `model` (built by empty_model) in place."""
+    mapping = _Mapping(model, repacked)
+    for gguf_name, hf_name in mapping.names:
+        tensor = repacked[gguf_name]
+        module_name, _, param = hf_name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if isinstance(tensor, QTensor):
+            _place_quantized(model, module_name, module, param, gguf_name, tensor,
+                             mapping.processor, dtype, backend)
+        else:
+            _place_plain(module, param, hf_name, mapping.plain(gguf_name, tensor, dtype))
+    _tie_output_embeddings(model, backend)
+    # (buffers such as rotary frequencies are the model's own business, not the checkpoint's)
+    missing = [n for n, t in model.named_parameters() if t.is_meta]
+    if missing:
+        raise FormatError(f"{repacked.path}: no tensor for {len(missing)} model weights "
+                          f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})")
+
+
+def fill_plain_tensors(model: nn.Module, repacked: RepackedModel, *,
+                       dtype: torch.dtype = torch.float32) -> None:
+    """Put the float tensors (norms, biases) of `repacked` into `model` again."""
+    mapping = _Mapping(model, repacked)
+    for gguf_name, hf_name in mapping.names:
+        tensor = repacked[gguf_name]
+        if not isinstance(tensor, QTensor):
+            module_name, _, param = hf_name.rpartition(".")
+            _place_plain(model.get_submodule(module_name), param, hf_name,
+                         mapping.plain(gguf_name, tensor, dtype))
+
+
+class _Mapping:
+    """The GGUF tensors of `repacked` that `model` has a parameter for, with transformers'
+    per-architecture fixes."""
+
+    def __init__(self, model, repacked: RepackedModel):
+        arch = repacked.metadata["general.architecture"]
+        self.processor = tensor_processor(arch, model.config.to_dict())
+        hf_names = gguf_to_hf_names(model, arch, self.processor)
+        # tensors transformers has no parameter for (rope_freqs, ...) are skipped, as it does
+        self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
+
+    def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
+
+
+def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:
+    current = getattr(module, param, None)
+    if current is not None and current.shape != value.shape:
+        raise FormatError(f"{hf_name}: the GGUF tensor has shape {list(value.shape)}, the model "
+                          f"expects {list(current.shape)}")
+    module._parameters[param] = nn.Parameter(value, requires_grad=False)
+
+
+def _place_quantized(model, module_name, module, param, gguf_name, weight: QTensor, processor,
+                     dtype, backend) -> None:
+    if param != "weight" or len(weight.shape) != 2:
+        raise RepackError(f"{gguf_name}: a quantized {list(weight.shape)} tensor for {module_name}."
+                          f"{param} is not supported yet (expert stacks need a MoE module)")
+    rows = row_permutation(processor, gguf_name, weight.shape[0])
+    if rows is not None:
+        weight = weight.index_rows(rows)
+    if tuple(weight.shape) != tuple(module.weight.shape):
+        raise FormatError(f"{gguf_name}: shape {list(weight.shape)} does not fit {module_name} "
+                          f"{list(module.weight.shape)}")
+    if isinstance(module, nn.Embedding):
+        new = QuantEmbedding(weight, dtype, scale=_embed_scale(module), backend=backend)
+    elif isinstance(module, nn.Linear):
+        bias = module.bias if module.bias is not None and not module.bias.is_meta else None
+        new = QuantLinear(weight, bias, backend=backend)
+    else:
+        raise RepackError(f"{gguf_name}: {module_name} is a {type(module).__name__}, which cannot "
+                          f"hold a quantized weight yet")
+    model.set_submodule(module_name, new)
+
+
+def _embed_scale(module) -> torch.Tensor | None:
+    """A scaled embedding's factor (Gemma's), as the module holds it; from its float when the
+    module was built on the meta device."""
+    scale = getattr(module, "embed_scale", None)
+    if scale is not None and scale.is_meta:
+        scale = torch.tensor(module.scalar_embed_scale)
+    return scale
+
+
+def _tie_output_embeddings(model, backend: str) -> None:
+    """A GGUF without output.weight shares the token embedding with the output projection."""
+    output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if isinstance(output, nn.Linear) and output.weight.is_meta and isinstance(embedding, QuantEmbedding):
+        model.set_output_embeddings(QuantLinear(embedding.qweight, backend=backend))
+    # The quantized modules share their planes already; transformers' own tying works on
+    # `.weight` parameters, which they do not have.
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    model.all_tied_weights_keys = {k: v for k, v in tied.items() if k in params and v in params}

@@ -1,0 +1,93 @@
+"""Small random-weight models of architectures we have no real file for (qwen2, qwen3, mistral),
+written by gguf's GGUFWriter and quantized by gguf-py's own quantizers (llama.cpp's reference
+in Python). The tokenizer key/values are copied from SmolLM2's llama.cpp-made file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFValueType as V
+
+# hidden, heads, kv heads, head dim, ffn width: K a multiple of 256 for every projection
+SHAPES = {
+    "qwen2": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, tied=False),
+    # transformers' GGUF config has no head_dim for qwen3, so the class default (128) applies
+    "qwen3": dict(hidden=256, heads=2, kv_heads=1, head_dim=128, ffn=512, tied=True),
+    "mistral": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, tied=False),
+}
+# a different llama.cpp quant type per projection, all of them ones gguf-py can quantize
+PROJECTION_TYPES = {"attn_q": T.Q4_0, "attn_k": T.Q5_1, "attn_v": T.Q8_0, "attn_output": T.Q4_1,
+                    "ffn_gate": T.Q5_0, "ffn_up": T.Q4_0, "ffn_down": T.Q8_0}
+N_LAYERS = 2
+
+
+def tokenizer_kvs(source: Path) -> list[tuple]:
+    """Every tokenizer.* key/value of a GGUF file, as GGUFWriter.add_key_value arguments."""
+    reader = gguf.GGUFReader(source)
+    kvs = []
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == V.ARRAY else None
+        kvs.append((key, field.contents(), vtype, sub))
+    return kvs
+
+
+def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
+                general_name: str | None = None) -> Path:
+    """A 2-layer `name` model ("qwen2", "qwen3" or "mistral") at `path`. llama.cpp writes Mistral
+    as the llama architecture; transformers reads it as mistral only when `general.name` is
+    exactly "mistral" (the default here), and as llama otherwise."""
+    s = SHAPES[name]
+    arch = "llama" if name == "mistral" else name
+    h, hd = s["hidden"], s["head_dim"]
+    vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(general_name or name)
+    w.add_context_length(512)
+    w.add_block_count(N_LAYERS)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(s["ffn"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(vocab)
+    for key, value, vtype, sub in tokenizer:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+
+    def quantized(tensor_name, qtype, rows, cols):
+        weights = rng.normal(0, cols ** -0.5, (rows, cols)).astype(np.float32)
+        w.add_tensor(tensor_name, gguf.quants.quantize(weights, qtype), raw_dtype=qtype)
+
+    def plain(tensor_name, n, around=1.0):
+        w.add_tensor(tensor_name, (around + rng.normal(0, 0.1, n)).astype(np.float32))
+
+    quantized("token_embd.weight", T.Q8_0, vocab, h)
+    rows = {"attn_q": s["heads"] * hd, "attn_k": s["kv_heads"] * hd, "attn_v": s["kv_heads"] * hd,
+            "attn_output": h, "ffn_gate": s["ffn"], "ffn_up": s["ffn"], "ffn_down": h}
+    cols = {"attn_output": s["heads"] * hd, "ffn_down": s["ffn"]}
+    for i in range(N_LAYERS):
+        plain(f"blk.{i}.attn_norm.weight", h)
+        plain(f"blk.{i}.ffn_norm.weight", h)
+        for proj, qtype in PROJECTION_TYPES.items():
+            quantized(f"blk.{i}.{proj}.weight", qtype, rows[proj], cols.get(proj, h))
+        if name == "qwen2":
+            for proj in ("attn_q", "attn_k", "attn_v"):
+                plain(f"blk.{i}.{proj}.bias", rows[proj], around=0.0)
+        if name == "qwen3":
+            plain(f"blk.{i}.attn_q_norm.weight", hd)
+            plain(f"blk.{i}.attn_k_norm.weight", hd)
+    plain("output_norm.weight", h)
+    if not s["tied"]:
+        quantized("output.weight", T.Q8_0, vocab, h)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
