@@ -162,3 +162,23 @@ def export(out, dest, force):
 
     for path in run(out, dest, force=force):
         click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("model", default="smollm2", metavar="[MODEL]")
+@click.option("--out", metavar="OUT_DIR", default=None,
+              help="Where to convert to (default: ./<model name>-rp1; reused when it already "
+                   "holds this model).")
+@click.option("--prompt", default="Write one sentence about the ocean.", show_default=True)
+@click.option("--max-new-tokens", default=24, show_default=True, type=click.IntRange(1, 512))
+@_reports_errors
+def demo(model, out, prompt, max_new_tokens):
+    """Fetch a small real model (smollm2 or gemma), convert, verify, load it with quantized
+    weights and generate a short greedy completion, with timings. Needs the hf extra."""
+    from .demo import run_demo
+    from .engine_files import hf_available
+
+    missing = hf_available()
+    if missing:
+        raise RepackError(f"demo needs the hf extra: {missing}")
+    run_demo(model, out, prompt, max_new_tokens, say=click.echo)

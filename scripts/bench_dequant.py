@@ -25,8 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-import fetch_models  # noqa: E402
 from benchutil import best_of, last_json_line, machine_line, run_measured  # noqa: E402
+
+from gguf_repack.models import GEMMA, fetch  # noqa: E402
 
 LOAD_ALL = """
 import json, sys, time
@@ -84,7 +85,7 @@ def bench_types(rows: int, cols: int, repeat: int) -> list[str]:
 def bench_model() -> list[str]:
     from gguf_repack import convert
 
-    gemma = fetch_models.fetch(fetch_models.GEMMA)
+    gemma = fetch(GEMMA)
     work = Path(tempfile.mkdtemp(prefix="bench-dequant-"))
     try:
         out = work / "gemma"

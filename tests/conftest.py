@@ -6,7 +6,6 @@ import os
 # triton is first imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,18 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def _fetch_module():
-    spec = importlib.util.spec_from_file_location("fetch_models", ROOT / "scripts" / "fetch_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def real_models() -> dict[str, Path]:
     """The two llama.cpp-made models, fetched into the cache on first use (never skipped)."""
-    fetch = _fetch_module()
-    return {name: fetch.fetch(name) for name in fetch.MODELS}
+    from gguf_repack.models import MODELS, fetch
+
+    return {name: fetch(name) for name in MODELS}
 
 
 @pytest.fixture(scope="session")

@@ -18,3 +18,10 @@ def test_bench_gpu_smoke(tmp_path):
     assert all(r["seconds"]["rp1"] > 0 for r in result["rows"])
     assert any(r["vs_raw"] for r in result["rows"])  # the raw-layout baseline ran
     assert "| Q4_K |" in (tmp_path / "bench_gpu.md").read_text()
+
+
+def test_bench_hf_runs_on_smollm2(smollm2):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_hf.py"), "--models",
+                           "smollm2"], check=True, capture_output=True, text=True, timeout=600)
+    assert "| SmolLM2-135M-Instruct.Q4_1.gguf | `load_model(out)` |" in proc.stdout
+    assert "(same first token)" in proc.stdout

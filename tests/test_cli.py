@@ -50,3 +50,26 @@ def test_version_and_help(cli):
     text = cli("--help", check_exit=0).stdout
     for command in ("convert", "inspect", "verify", "export"):
         assert command in text
+
+
+def test_demo_runs_the_whole_path_and_reuses_its_output(tmp_path, smollm2, cli):
+    out = tmp_path / "demo-out"
+    proc = cli("demo", "--out", out, "--max-new-tokens", "4", check_exit=0)
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:5]] == ["fetched", "converted", "verified", "loaded",
+                                                        "generated"]
+    assert "generated 4 tokens greedily" in proc.stdout and "LlamaForCausalLM" in proc.stdout
+    assert lines[-2] == "> Write one sentence about the ocean." and lines[-1].strip()
+    assert (out / "config.json").is_file()
+    again = cli("demo", "--out", out, "--max-new-tokens", "4", check_exit=0)
+    assert "already holds this model" in again.stdout
+    assert again.stdout.splitlines()[-1] == lines[-1]  # greedy: the same completion
+
+
+def test_demo_refuses_a_directory_it_did_not_make(tmp_path, smollm2, cli):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    proc = cli("demo", "--out", tmp_path / "mine")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert "not a gguf-repack output" in proc.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
