@@ -19,6 +19,7 @@ Order of work, and why:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -53,6 +54,9 @@ from .reader import GGUFSet, TensorInfo, open_gguf
 from .safetensors_io import Entry, layout_file, pread_into, pwrite_all, st_dtype
 
 CHUNK_BYTES = 16 << 20  # source bytes re-tiled at a time
+# write errors that mean the output's filesystem will not take it (the file is not named by
+# pwrite's OSError, so the message names the output)
+_OUTPUT_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS}
 DEFAULT_MAX_SHARD_SIZE = 4_000_000_000
 
 
@@ -131,10 +135,13 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
             "tensors": [t.to_json() for t in tensors],
         })
         _move_into_place(tmp, out, force)
-    except BaseException:
+    except BaseException as e:
         if hasher is not None:
             hasher.cancel.set()
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in _OUTPUT_FULL:
+            raise OutputError(f"{out}: cannot write the output ({e.strerror}); nothing was "
+                              f"left behind") from None
         raise
     bytes_out = sum(f.stat().st_size for f in out.iterdir())
     return ConvertSummary(out, len(planned), Counter(p.info.type.name for p in planned),
