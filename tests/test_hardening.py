@@ -95,7 +95,8 @@ def _byte_owner(shard: Path, pos: int, manifest: dict) -> str | None:
     header = json.loads(raw[8:8 + n])
     owner_of_key = {p["key"]: t["name"] for t in manifest["tensors"] for p in t["planes"]}
     for key, entry in header.items():
-        if key != "__metadata__" and 8 + n + entry["data_offsets"][0] <= pos < 8 + n + entry["data_offsets"][1]:
+        start, end = (8 + n + o for o in entry.get("data_offsets", (0, 0)))
+        if key != "__metadata__" and start <= pos < end:
             return owner_of_key[key]
     raise AssertionError(f"byte {pos} of {shard} belongs to no tensor")
 
