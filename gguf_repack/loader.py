@@ -73,6 +73,10 @@ class RepackedModel(Mapping):
     def __repr__(self) -> str:
         return f"RepackedModel({str(self.path)!r}, {len(self)} tensors, device={self.device})"
 
+    def record(self, name: str) -> TensorRecord:
+        """The manifest's record of tensor `name` (type, shape, planes), without reading it."""
+        return self._records[name]
+
     @property
     def loaded(self) -> list[str]:
         """Names of the tensors read so far."""

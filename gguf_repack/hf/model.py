@@ -19,7 +19,7 @@ from ..errors import FormatError, RepackError
 from ..loader import RepackedModel, load
 from ..qtensor import QTensor
 from .modules import QuantEmbedding, QuantLinear
-from .names import gguf_to_hf_names, process_plain, row_permutation, tensor_processor
+from .names import TensorMapping
 
 
 def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -72,14 +72,14 @@ def _check_quantization_config(quantization) -> None:
 def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype = torch.float32,
                backend: str = "auto") -> None:
     """Put every tensor of `repacked` into `model` (built by empty_model) in place."""
-    mapping = _Mapping(model, repacked)
+    mapping = TensorMapping(model, repacked)
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
         module = model.get_submodule(module_name)
         if isinstance(tensor, QTensor):
-            _place_quantized(model, module_name, module, param, gguf_name, tensor,
-                             mapping.processor, dtype, backend)
+            _place_quantized(model, module_name, module, param, gguf_name,
+                             mapping.quantized(gguf_name, tensor), dtype, backend)
         else:
             _place_plain(module, param, hf_name, mapping.plain(gguf_name, tensor, dtype))
     _tie_output_embeddings(model, backend)
@@ -93,28 +93,13 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
 def fill_plain_tensors(model: nn.Module, repacked: RepackedModel, *,
                        dtype: torch.dtype = torch.float32) -> None:
     """Put the float tensors (norms, biases) of `repacked` into `model` again."""
-    mapping = _Mapping(model, repacked)
+    mapping = TensorMapping(model, repacked)
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         if not isinstance(tensor, QTensor):
             module_name, _, param = hf_name.rpartition(".")
             _place_plain(model.get_submodule(module_name), param, hf_name,
                          mapping.plain(gguf_name, tensor, dtype))
-
-
-class _Mapping:
-    """The GGUF tensors of `repacked` that `model` has a parameter for, with transformers'
-    per-architecture fixes."""
-
-    def __init__(self, model, repacked: RepackedModel):
-        arch = repacked.metadata["general.architecture"]
-        self.processor = tensor_processor(arch, model.config.to_dict())
-        hf_names = gguf_to_hf_names(model, arch, self.processor)
-        # tensors transformers has no parameter for (rope_freqs, ...) are skipped, as it does
-        self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
-
-    def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
 
 
 def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:
@@ -125,14 +110,11 @@ def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:
     module._parameters[param] = nn.Parameter(value, requires_grad=False)
 
 
-def _place_quantized(model, module_name, module, param, gguf_name, weight: QTensor, processor,
+def _place_quantized(model, module_name, module, param, gguf_name, weight: QTensor,
                      dtype, backend) -> None:
     if param != "weight" or len(weight.shape) != 2:
         raise RepackError(f"{gguf_name}: a quantized {list(weight.shape)} tensor for {module_name}."
                           f"{param} is not supported yet (expert stacks need a MoE module)")
-    rows = row_permutation(processor, gguf_name, weight.shape[0])
-    if rows is not None:
-        weight = weight.index_rows(rows)
     if tuple(weight.shape) != tuple(module.weight.shape):
         raise FormatError(f"{gguf_name}: shape {list(weight.shape)} does not fit {module_name} "
                           f"{list(module.weight.shape)}")

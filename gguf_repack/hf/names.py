@@ -74,3 +74,33 @@ def process_plain(processor, name: str, tensor: torch.Tensor) -> torch.Tensor:
     are stored as w + 1)."""
     result = processor.process(weights=tensor.numpy(), name=name).weights
     return torch.from_numpy(np.ascontiguousarray(result))
+
+
+class TensorMapping:
+    """The GGUF tensors of `repacked` that a transformers model has a parameter for, and
+    transformers' per-architecture fixes, for any integration that loads them."""
+
+    def __init__(self, model, repacked):
+        arch = repacked.metadata["general.architecture"]
+        self.processor = tensor_processor(arch, model.config.to_dict())
+        hf_names = gguf_to_hf_names(model, arch, self.processor)
+        # tensors transformers has no parameter for (rope_freqs, ...) are skipped, as it does
+        self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
+        self.hf_to_gguf = {hf: gguf for gguf, hf in self.names}
+
+    @classmethod
+    def for_output(cls, repacked) -> "TensorMapping":
+        """From the output directory's config.json, with the model built on the meta device."""
+        from transformers import AutoConfig
+
+        from .model import empty_model
+
+        return cls(empty_model(AutoConfig.from_pretrained(repacked.path), torch.float32), repacked)
+
+    def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
+
+    def quantized(self, gguf_name: str, weight):
+        """The QTensor as transformers would have it: rows permuted where it permutes them."""
+        rows = row_permutation(self.processor, gguf_name, weight.shape[-2])
+        return weight if rows is None else weight.index_rows(rows)
