@@ -70,6 +70,7 @@ def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> li
         try:
             config = AutoConfig.from_pretrained(os.path.dirname(source), gguf_file=source)
             tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(source), gguf_file=source)
+            _keep_bos_flag(tokenizer, gguf, source)
         except Exception as e:  # noqa: BLE001 - metadata from the internet meets third-party code:
             # whatever transformers raises, the weights are still good; say why and go on
             arch = gguf.get("general.architecture")
@@ -82,6 +83,19 @@ def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> li
     GenerationConfig.from_model_config(config).save_pretrained(out)
     written = tokenizer.save_pretrained(out)
     return sorted({*CONFIG_FILES, *(Path(p).name for p in written)})
+
+
+def _keep_bos_flag(tokenizer, gguf: GGUFFile, source: str) -> None:
+    """transformers before 5.24 (5.19 is the one vLLM 0.32 pins) ignores the file's
+    `tokenizer.ggml.add_bos_token`, so Gemma 3's tokenizer adds no BOS and the model generates
+    nonsense. Follow the file, as llama.cpp and later transformers do, unless transformers'
+    GGUF tokenizer config decides otherwise (it turns BOS off for Gemma 4 on purpose)."""
+    if not gguf.get("tokenizer.ggml.add_bos_token") or getattr(tokenizer, "add_bos_token", True):
+        return
+    from transformers.integrations.gguf import get_gguf_tokenizer
+
+    if get_gguf_tokenizer(source)[2].get("add_bos_token", True):
+        tokenizer.add_bos_token = True
 
 
 def _causal_lm_class(model_type: str) -> list[str] | None:

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from ggml_blocks import random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
+
+from gguf_repack.type_table import F16, TYPES
 
 # hidden, heads, kv heads, head dim, ffn width: K a multiple of 256 for every projection
 SHAPES = {
@@ -17,10 +20,14 @@ SHAPES = {
     # transformers' GGUF config has no head_dim for qwen3, so the class default (128) applies
     "qwen3": dict(hidden=256, heads=2, kv_heads=1, head_dim=128, ffn=512, tied=True),
     "mistral": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, tied=False),
+    # for tensor parallelism: 8 heads, 4 KV heads; K-quants beside legacy types
+    "llama": dict(hidden=512, heads=8, kv_heads=4, head_dim=64, ffn=1024, tied=False),
 }
 # a different llama.cpp quant type per projection, all of them ones gguf-py can quantize
 PROJECTION_TYPES = {"attn_q": T.Q4_0, "attn_k": T.Q5_1, "attn_v": T.Q8_0, "attn_output": T.Q4_1,
                     "ffn_gate": T.Q5_0, "ffn_up": T.Q4_0, "ffn_down": T.Q8_0}
+# gguf-py cannot quantize to K-quants: these are random valid blocks with small scales
+K_QUANT_TYPES = {"attn_q": T.Q4_K, "attn_output": T.Q5_K, "ffn_down": T.Q6_K}
 N_LAYERS = 2
 
 
@@ -37,13 +44,23 @@ def tokenizer_kvs(source: Path) -> list[tuple]:
     return kvs
 
 
+def k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
+    """Random valid blocks whose weights stay small (f16 scales of about 1e-3)."""
+    blocks = random_blocks(qtype, (rows, cols), rng)
+    for f in TYPES[qtype].fields:
+        if f.kind == F16:
+            n = blocks[..., f.offset:f.offset + f.size]
+            n[...] = rng.uniform(-1e-3, 1e-3, n.shape[:-1] + (f.size // 2,)).astype("<f2").view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
                 general_name: str | None = None) -> Path:
     """A 2-layer `name` model ("qwen2", "qwen3" or "mistral") at `path`. llama.cpp writes Mistral
     as the llama architecture; transformers reads it as mistral only when `general.name` is
     exactly "mistral" (the default here), and as llama otherwise."""
     s = SHAPES[name]
-    arch = "llama" if name == "mistral" else name
+    arch = "llama" if name in ("mistral", "llama") else name
     h, hd = s["hidden"], s["head_dim"]
     vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
     w = gguf.GGUFWriter(str(path), arch)
@@ -76,6 +93,11 @@ def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Ge
         plain(f"blk.{i}.attn_norm.weight", h)
         plain(f"blk.{i}.ffn_norm.weight", h)
         for proj, qtype in PROJECTION_TYPES.items():
+            if name == "llama" and proj in K_QUANT_TYPES:
+                kq = K_QUANT_TYPES[proj]
+                w.add_tensor(f"blk.{i}.{proj}.weight", k_quant_bytes(kq, rows[proj], cols.get(proj, h), rng),
+                             raw_dtype=kq)
+                continue
             quantized(f"blk.{i}.{proj}.weight", qtype, rows[proj], cols.get(proj, h))
         if name == "qwen2":
             for proj in ("attn_q", "attn_k", "attn_v"):

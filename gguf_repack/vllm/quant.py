@@ -1,0 +1,267 @@
+"""The `gguf_repack` quantization method for vLLM: one config class, one method per layer kind.
+
+A layer's weight is held as its rp1 planes, one parameter per block field (`rp1_<field>`, shape
+[K/block, N, count] on this rank), and multiplied through QTensor (the torch backend on CPU,
+the Triton kernels on CUDA). The GGUF type of each layer is known before any weight is read:
+the config reads the directory's manifest and maps the layer's vLLM name to its GGUF tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import Parameter
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    QKVParallelLinear,
+    RowParallelLinear,
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    UnquantizedEmbeddingMethod,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.utils import set_weight_attrs
+
+from ..engine_files import QUANT_METHOD
+from ..manifest import FORMAT_VERSION
+from ..qtensor import QTensor, plane_torch_dtype
+from ..type_table import TYPES_BY_NAME, GGMLType
+
+PLANE = "rp1_"
+
+
+# The products run as opaque custom ops: vLLM compiles the model with torch.compile (fullgraph),
+# and the QTensor code is plain eager PyTorch over Python objects, not meant to be traced.
+@torch.library.custom_op("gguf_repack::rp1_matmul", mutates_args=())
+def rp1_matmul(x: torch.Tensor, planes: list[torch.Tensor], qtype: str, n: int, k: int) -> torch.Tensor:
+    return _qtensor(planes, qtype, n, k).matmul(x)
+
+
+@rp1_matmul.register_fake
+def _(x, planes, qtype, n, k):
+    return x.new_empty((*x.shape[:-1], n))
+
+
+@torch.library.custom_op("gguf_repack::rp1_embedding", mutates_args=())
+def rp1_embedding(ids: torch.Tensor, planes: list[torch.Tensor], qtype: str, n: int, k: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+    return _qtensor(planes, qtype, n, k).embedding(ids, dtype=dtype)
+
+
+@rp1_embedding.register_fake
+def _(ids, planes, qtype, n, k, dtype):
+    return torch.empty((*ids.shape, k), dtype=dtype, device=ids.device)
+
+
+def _qtensor(planes: list[torch.Tensor], qtype: str, n: int, k: int) -> QTensor:
+    fields = TYPES_BY_NAME[qtype].fields
+    return QTensor(qtype, (n, k), {f.name: p for f, p in zip(fields, planes)})
+
+
+def _call(weight: QTensor):
+    """The custom ops' arguments for a QTensor."""
+    return [weight.planes[f.name] for f in weight.qtype.fields], weight.qtype.name, *weight.shape
+
+
+class GgufRepackVllmConfig(QuantizationConfig):
+    """`quantization_config: {"quant_method": "gguf_repack", "format_version": 1}`."""
+
+    def __init__(self, format_version: int = FORMAT_VERSION):
+        super().__init__()
+        if format_version != FORMAT_VERSION:
+            raise ValueError(f"gguf_repack: config.json has format_version {format_version!r}; this "
+                             f"gguf-repack reads {FORMAT_VERSION} (convert the model again, or "
+                             f"upgrade gguf-repack)")
+        self.format_version = format_version
+        self.directory: Path | None = None
+        self._types: dict[str, tuple[str, ...]] | None = None
+
+    def __repr__(self) -> str:
+        return f"GgufRepackVllmConfig(format_version={self.format_version})"
+
+    @classmethod
+    def get_name(cls) -> str:
+        return QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.float16, torch.bfloat16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0  # CPU, and any GPU Triton runs on
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "GgufRepackVllmConfig":
+        return cls(config.get("format_version"))
+
+    def maybe_update_config(self, model_name: str, hf_config=None, revision=None) -> None:
+        self.directory = Path(model_name)
+
+    # -- which GGUF tensors a vLLM layer holds --------------------------------------------
+    def source_types(self, prefix: str) -> tuple[str, ...]:
+        """The GGUF types of the tensors behind the vLLM layer `prefix` (several for a merged
+        layer such as qkv_proj), () when the directory has none."""
+        types = self._load_types()
+        module, _, last = prefix.rpartition(".")
+        parts = getattr(self, "packed_modules_mapping", {}).get(last, [last])
+        names = [f"{module}.{p}.weight" if module else f"{p}.weight" for p in parts]
+        return tuple(types[n] for n in names if n in types)
+
+    def _load_types(self) -> dict[str, str]:
+        """{transformers parameter name: GGUF type}, and the GGUF names of the embeddings."""
+        if self._types is None:
+            from ..loader import load
+            from .weights import mapping_for
+
+            repacked = load(self.directory)
+            mapping = mapping_for(repacked)
+            self._types = {hf: repacked.record(gguf).type for gguf, hf in mapping.names}
+            self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}
+        return self._types
+
+    def _embedding_types(self, layer) -> tuple[str, ...]:
+        """Some models build their embeddings without a prefix: find them by GGUF name (the
+        output projection is the token embedding when the file has no output.weight)."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if not isinstance(layer, VocabParallelEmbedding):
+            return ()
+        self._load_types()
+        names = ["output.weight", "token_embd.weight"] if isinstance(layer, ParallelLMHead) \
+            else ["token_embd.weight"]
+        return next(((self._gguf_types[n],) for n in names if n in self._gguf_types), ())
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+        if isinstance(layer, RoutedExperts):
+            raise ValueError(f"gguf_repack: {prefix}: mixture-of-experts layers are not supported "
+                             f"yet (model {self.directory})")
+        if not isinstance(layer, (LinearBase, VocabParallelEmbedding)):
+            return None
+        types = [TYPES_BY_NAME[t] for t in self.source_types(prefix) or self._embedding_types(layer)]
+        if not any(t.is_quantized for t in types):
+            return UnquantizedEmbeddingMethod() if isinstance(layer, VocabParallelEmbedding) \
+                else UnquantizedLinearMethod()
+        if not all(t.is_quantized for t in types):
+            raise ValueError(f"gguf_repack: {prefix} merges float and quantized tensors "
+                             f"({', '.join(t.name for t in types)}), which is not supported yet "
+                             f"(model {self.directory})")
+        if isinstance(layer, VocabParallelEmbedding):
+            return RepackEmbeddingMethod(types)
+        return RepackLinearMethod(types)
+
+
+def _shard_index(shard_id) -> int:
+    return {"q": 0, "k": 1, "v": 2}.get(shard_id, 0 if shard_id is None else shard_id)
+
+
+class _PlanesMethod(QuantizeMethodBase):
+    """Holds a layer's weight as one QTensor per shard (q, k, v of a merged QKV; gate, up),
+    each in its own GGUF type: parameters `rp1_<shard>_<field>`, [K/block, rows, count] on this
+    rank. vLLM loads `rp1_<field>` by name with a shard id; those small parameters only carry
+    the weight loader that puts the planes into their shard."""
+
+    def __init__(self, qtypes: list[GGMLType]):
+        self.qtypes = qtypes
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
+                       output_size, params_dtype, **extra_weight_attrs):
+        extra_weight_attrs.pop("weight_loader", None)
+        layer.compute_dtype = params_dtype
+        rows = list(output_partition_sizes)
+        if len(rows) != len(self.qtypes):  # an embedding: one shard of all its rows
+            rows = [sum(rows)]
+        layer.rp1_shards = []
+        for i, (qtype, n) in enumerate(zip(self.qtypes, rows)):
+            if input_size_per_partition % qtype.block_size:
+                raise ValueError(f"gguf_repack: {input_size_per_partition} input features per rank "
+                                 f"is not a whole number of {qtype.name} blocks "
+                                 f"({qtype.block_size}); use another tensor_parallel_size")
+            layer.rp1_shards.append((qtype, n))
+            for field in qtype.fields:
+                plane = torch.zeros(input_size_per_partition // qtype.block_size, n, field.count,
+                                    dtype=plane_torch_dtype(field))
+                layer.register_parameter(f"{PLANE}{i}_{field.name}", Parameter(plane, requires_grad=False))
+        layer.rp1_k = input_size_per_partition
+        for name in {f.name for qtype in self.qtypes for f in qtype.fields}:
+            carrier = Parameter(torch.empty(0), requires_grad=False)
+            set_weight_attrs(carrier, {**extra_weight_attrs, "weight_loader": self._loader(layer, name)})
+            layer.register_parameter(PLANE + name, carrier)
+
+    def _loader(self, layer, field: str):
+        def load(carrier: Parameter, plane: torch.Tensor, shard_id=None) -> None:
+            # plane: [K/block, N, count], the whole GGUF tensor behind this shard. Models that
+            # load through AutoWeightsLoader pass the shard id on the tensor instead.
+            if shard_id is None:
+                shard_id = getattr(plane, "shard_id", None)
+            index = _shard_index(shard_id)
+            target = getattr(layer, f"{PLANE}{index}_{field}")
+            if plane.shape[0] != target.shape[0]:  # row parallel: this rank's blocks
+                plane = plane.narrow(0, layer.tp_rank * target.shape[0], target.shape[0])
+            self._copy_rows(layer, target, plane, shard_id)
+        return load
+
+    def _copy_rows(self, layer, target, plane, shard_id) -> None:
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer) -> None:
+        weights = [QTensor(qtype, (n, layer.rp1_k),
+                           {f.name: getattr(layer, f"{PLANE}{i}_{f.name}") for f in qtype.fields})
+                   for i, (qtype, n) in enumerate(layer.rp1_shards)]
+        if len(weights) > 1 and len({w.qtype.name for w in weights}) == 1:
+            # one type: one QTensor, one product
+            planes = {f: torch.cat([w.planes[f] for w in weights], dim=1) for f in weights[0].planes}
+            weights = [QTensor(weights[0].qtype, (sum(w.shape[0] for w in weights), layer.rp1_k), planes)]
+        layer.rp1_weights = weights
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        parts = [rp1_matmul(x, *_call(w)) for w in layer.rp1_weights]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return y if bias is None else y + bias
+
+
+class RepackLinearMethod(_PlanesMethod, LinearMethodBase):
+    """Linear layers: column and row parallel, merged QKV and gate/up."""
+
+    def _copy_rows(self, layer, target, plane, shard_id) -> None:
+        rows = target.shape[1]
+        if isinstance(layer, RowParallelLinear) or getattr(layer, "tp_size", 1) == 1:
+            start = 0
+        elif isinstance(layer, QKVParallelLinear) and shard_id in ("k", "v"):
+            start = layer.tp_rank // layer.num_kv_head_replicas * rows
+        else:
+            start = layer.tp_rank * rows
+        target.data.copy_(plane.narrow(1, start, rows))
+
+
+class RepackEmbeddingMethod(_PlanesMethod):
+    """The token embedding and the output projection (vocabulary parallel)."""
+
+    def _copy_rows(self, layer, target, plane, shard_id) -> None:
+        indices = layer.shard_indices
+        start = indices.org_vocab_start_index
+        rows = indices.org_vocab_end_index - start
+        target.data[:, :rows].copy_(plane.narrow(1, start, rows))
+        target.data[:, rows:].zero_()  # vocabulary padding: rows of zero weights
+
+    def embedding(self, layer, ids: torch.Tensor) -> torch.Tensor:
+        (weight,) = layer.rp1_weights
+        return rp1_embedding(ids, *_call(weight), layer.compute_dtype)
+
+    def tie_weights(self, layer, embed_tokens):
+        """The output projection shares the embedding's planes."""
+        layer.rp1_shards, layer.rp1_k = embed_tokens.rp1_shards, embed_tokens.rp1_k
+        for name, param in embed_tokens.named_parameters(recurse=False):
+            if name.startswith(PLANE):
+                layer.register_parameter(name, param)
+        return layer

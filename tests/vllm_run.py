@@ -1,0 +1,34 @@
+"""Greedy generation with vLLM (CPU) on a model directory, run by tests/test_vllm.py with the
+vLLM environment's Python: prints one line `RESULT {"prompt_token_ids": [...], "token_ids": [...]}`.
+
+    python tests/vllm_run.py MODEL_DIR [--tp 1] [--dtype float32] [--max-tokens 16] [--eager] PROMPT...
+"""
+
+import argparse
+import json
+import os
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("prompts", nargs="+")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--eager", action="store_true", help="skip torch.compile (faster start-up)")
+    args = ap.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.tp > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=args.model, tensor_parallel_size=args.tp, dtype=args.dtype, max_model_len=256,
+              seed=0, enforce_eager=args.eager)
+    outputs = llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
+    print("RESULT " + json.dumps({"prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
+                      "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}), flush=True)
+
+
+if __name__ == "__main__":  # vLLM starts worker processes that import this module again
+    main()
