@@ -95,3 +95,19 @@ def test_unknown_format_version_fails_at_load_with_a_clear_error(converted, smol
     proc = run_vllm(vllm_python, out, prompts=["Hi"], expect_ok=False)
     assert proc.returncode != 0
     assert "gguf_repack: config.json has format_version 99" in proc.stderr
+
+
+def test_the_plugin_is_an_entry_point_and_registers_twice_safely(vllm_python):
+    code = """
+from importlib.metadata import entry_points
+(ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "gguf_repack"]
+register = ep.load()
+register(); register()
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.model_executor.model_loader import get_model_loader
+from vllm.config import LoadConfig
+print(get_quantization_config("gguf_repack").__name__, type(get_model_loader(LoadConfig())).__name__)
+"""
+    proc = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["GgufRepackVllmConfig", "RepackAwareModelLoader"]
