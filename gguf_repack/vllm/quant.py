@@ -79,7 +79,7 @@ class GgufRepackVllmConfig(QuantizationConfig):
                              f"upgrade gguf-repack)")
         self.format_version = format_version
         self.directory: Path | None = None
-        self._types: dict[str, tuple[str, ...]] | None = None
+        self._types: dict[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"GgufRepackVllmConfig(format_version={self.format_version})"
@@ -114,7 +114,12 @@ class GgufRepackVllmConfig(QuantizationConfig):
         module, _, last = prefix.rpartition(".")
         parts = getattr(self, "packed_modules_mapping", {}).get(last, [last])
         names = [f"{module}.{p}.weight" if module else f"{p}.weight" for p in parts]
-        return tuple(types[n] for n in names if n in types)
+        found = tuple(types[n] for n in names if n in types)
+        if found and len(found) != len(names):
+            missing = [n for n in names if n not in types]
+            raise ValueError(f"gguf_repack: {prefix} merges {len(names)} tensors, but the directory "
+                             f"has none for {missing} (model {self.directory})")
+        return found
 
     def _load_types(self) -> dict[str, str]:
         """{transformers parameter name: GGUF type}, and the GGUF names of the embeddings."""
