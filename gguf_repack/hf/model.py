@@ -70,36 +70,27 @@ def _check_quantization_config(quantization) -> None:
 
 
 def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype = torch.float32,
-               backend: str = "auto") -> None:
-    """Put every tensor of `repacked` into `model` (built by empty_model) in place."""
+               backend: str = "auto", plain_only: bool = False) -> None:
+    """Put every tensor of `repacked` into `model` (built by empty_model) in place; with
+    `plain_only`, only the float ones (norms, biases) again, into a model filled before."""
     mapping = TensorMapping(model, repacked)
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
         module = model.get_submodule(module_name)
-        if isinstance(tensor, QTensor):
+        if not isinstance(tensor, QTensor):
+            _place_plain(module, param, hf_name, mapping.plain(gguf_name, tensor, dtype))
+        elif not plain_only:
             _place_quantized(model, module_name, module, param, gguf_name,
                              mapping.quantized(gguf_name, tensor), dtype, backend)
-        else:
-            _place_plain(module, param, hf_name, mapping.plain(gguf_name, tensor, dtype))
+    if plain_only:
+        return
     _tie_output_embeddings(model, backend)
     # (buffers such as rotary frequencies are the model's own business, not the checkpoint's)
     missing = [n for n, t in model.named_parameters() if t.is_meta]
     if missing:
         raise FormatError(f"{repacked.path}: no tensor for {len(missing)} model weights "
                           f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})")
-
-
-def fill_plain_tensors(model: nn.Module, repacked: RepackedModel, *,
-                       dtype: torch.dtype = torch.float32) -> None:
-    """Put the float tensors (norms, biases) of `repacked` into `model` again."""
-    mapping = TensorMapping(model, repacked)
-    for gguf_name, hf_name in mapping.names:
-        tensor = repacked[gguf_name]
-        if not isinstance(tensor, QTensor):
-            module_name, _, param = hf_name.rpartition(".")
-            _place_plain(model.get_submodule(module_name), param, hf_name,
-                         mapping.plain(gguf_name, tensor, dtype))
 
 
 def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:

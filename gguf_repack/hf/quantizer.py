@@ -25,7 +25,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from ..engine_files import QUANT_METHOD
 from ..loader import load
 from ..manifest import FORMAT_VERSION
-from .model import fill_model, fill_plain_tensors
+from .model import fill_model
 from .modules import QuantEmbedding, QuantLinear
 
 
@@ -69,7 +69,7 @@ class GgufRepackHfQuantizer(HfQuantizer):
     def _process_model_after_weight_loading(self, model, **kwargs):
         for (name, key), buffer in self._planes.items():
             model.get_submodule(name)._buffers[key] = buffer
-        fill_plain_tensors(model, self._repacked, dtype=model.dtype)
+        fill_model(model, self._repacked, dtype=model.dtype, plain_only=True)
         return model.eval()
 
     def is_serializable(self):
