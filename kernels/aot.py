@@ -1,15 +1,27 @@
-"""Ahead-of-time compilation for a GPU target, no GPU needed: the PTX shows what a GPU would
-run (vector loads, tensor-core instructions, spills). Used by scripts/inspect_kernels.py and
-the tests. Must run without TRITON_INTERPRET (an interpreted kernel cannot be compiled).
+"""Ahead-of-time compilation for a GPU target, no GPU needed: the PTX and SASS show what a GPU
+would run. Used by scripts/inspect_kernels.py and the tests. Must run without
+TRITON_INTERPRET (an interpreted kernel cannot be compiled).
 
 Kernels are compiled with the specialization a real launch gets: every pointer 16-byte
 aligned and every integer argument divisible by 16 (`tt.divisibility`), which is what lets
 Triton emit vector loads; without it Triton assumes nothing and emits scalar ones.
+
+The SASS comes from the `cuobjdump` that ships inside Triton's NVIDIA backend. What it is
+read for (`sass_summary`): the instructions of the main loop, i.e. the warp-instructions a
+program issues per block column, against the weight bytes that iteration reads. An H200
+moves about 4.8e12 B/s over 132 SMs at about 1.98 GHz, 18.4 bytes per SM-cycle, and an SM
+issues at most 4 warp-instructions per cycle: a kernel that issues more than
+4 / 18.4 = 0.218 warp-instructions per weight byte cannot keep up with memory at batch 1,
+whatever else it does. That bound ignores latency and the per-pipe rates (integer ops and
+conversions issue at lower rates than FFMA), so it is an upper bound.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import tempfile
 from collections import Counter
 
 import triton
@@ -20,50 +32,85 @@ from . import configs
 from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
-from .gemv import gemv_kernel
+from .gemv import gemv_dot_kernel, gemv_kernel
 from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
-FAMILIES = ("dequantize", "gemv", "gemm", "embedding")
+# gemv: the GEMV at M = 1 (decode), gemv_m8 at M = 8; each with the type's dot function where
+# it has one
+FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "embedding")
+
+H200_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)
+ISSUE_PER_SM_CYCLE = 4
+BUDGET = ISSUE_PER_SM_CYCLE / H200_BYTES_PER_SM_CYCLE  # warp-instructions per weight byte
+SHAPE = (4096, 4096)  # (N, K) the launch configurations are chosen for
+SMS = 132
 
 
-def _spec(family: str, block_size: int, act: str):
-    """(kernel, signature, constexprs) of one family at its default configuration."""
+def _spec(family: str, fmt, act: str):
+    """(kernel, signature, constexprs, config, rows of weight blocks per loop iteration) of
+    one family at its default configuration for SHAPE on an H200."""
+    n, k = SHAPE
+    block_size = fmt.block_size
     planes = {p: "*i8" for p in PLANES}
     if family == "dequantize":
         cfg = configs.dequantize_config(block_size)
         sig = {**planes, "OUT": f"*{act}", "N": "i32", "B": "i32"}
-        return dequantize_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"]}, cfg
+        return dequantize_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
+                                        "DQ": fmt.dequant}, cfg, cfg["BN"]
     if family == "embedding":
         cfg = configs.embedding_config(block_size)
         sig = {**planes, "IDS": "*i32", "OUT": f"*{act}", "N": "i32", "B": "i32", "n_ids": "i32"}
-        return gather_rows_kernel, sig, {"BLOCK": block_size, "BI": cfg["BI"]}, cfg
+        return gather_rows_kernel, sig, {"BLOCK": block_size, "BI": cfg["BI"],
+                                         "DQ": fmt.dequant}, cfg, cfg["BI"]
     common = {**planes, "X": f"*{act}", "OUT": "*fp32", "M": "i32", "N": "i32", "B": "i32",
               "stride_xm": "i32", "stride_om": "i32"}
-    if family == "gemv":
-        cfg = configs.gemv_config(block_size, 4096, 4096 // block_size, 132)
-        return gemv_kernel, common, {"BLOCK": block_size, "BN": cfg["BN"], "M_PAD": 1,
-                                     "SPLIT_K": cfg["SPLIT_K"]}, cfg
+    if family in ("gemv", "gemv_m8") and fmt.dot is not None:
+        # a program per row of x: at M = 8 each weight byte is unpacked by 8 programs
+        m = 1 if family == "gemv" else 8
+        cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, SMS)
+        sig = {**planes, "X": f"*{act}", "OUT": "*fp32", "N": "i32", "B": "i32",
+               "stride_xm": "i32", "stride_om": "i32"}
+        return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
+                                      "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
+                                      "DOT": fmt.dot}, cfg, cfg["BN"] / cfg["PARTS"] / m
+    if family in ("gemv", "gemv_m8"):
+        cfg = configs.gemv_config(block_size, n, k // block_size, SMS)
+        return gemv_kernel, common, {"BLOCK": block_size, "BN": cfg["BN"],
+                                     "M_PAD": 1 if family == "gemv" else 8,
+                                     "SPLIT_K": cfg["SPLIT_K"], "DQ": fmt.dequant}, cfg, cfg["BN"]
     if family == "gemm":
         cfg = configs.gemm_config(block_size, 64)
         return gemm_kernel, {**common, "OUT": f"*{act}"}, {
-            "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32"}, cfg
+            "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
+            "DQ": fmt.dequant}, cfg, cfg["BN"]
     raise ValueError(family)
+
+
+def compile_family(family: str, type_name: str, capability: int = 90, act: str = "fp16"):
+    """(CompiledKernel, config, weight bytes per loop iteration of one program) of kernel
+    `family` for type `type_name` on sm_<capability> (activations `act`)."""
+    fmt = FORMATS[type_name]
+    kernel, sig, constexprs, cfg, rows = _spec(family, fmt, act)
+    compiled = compile_kernel(kernel, sig, constexprs, capability,
+                              num_warps=cfg["num_warps"], maxnreg=cfg.get("maxnreg"),
+                              fp_fusion=family not in ("dequantize", "embedding"))
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    type_size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]
+    return compiled, cfg, round(rows * type_size)
 
 
 def compile_ptx(family: str, type_name: str, capability: int = 90, act: str = "fp16") -> str:
     """PTX of kernel `family` for type `type_name` on sm_<capability> (activations `act`)."""
-    fmt = FORMATS[type_name]
-    kernel, sig, constexprs, cfg = _spec(family, fmt.block_size, act)
-    return compile_kernel(kernel, sig, {**constexprs, "DQ": fmt.dequant}, capability,
-                          num_warps=cfg["num_warps"],
-                          fp_fusion=family not in ("dequantize", "embedding"))
+    return compile_family(family, type_name, capability, act)[0].asm["ptx"]
 
 
 def compile_kernel(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,
-                   fp_fusion: bool = True) -> str:
-    """PTX of any @triton.jit kernel: `sig` types its runtime arguments (marked 16-divisible
-    unless the kernel never specializes them), `constexprs` fixes the rest."""
+                   fp_fusion: bool = True, maxnreg: int | None = None):
+    """Any @triton.jit kernel, compiled: `sig` types its runtime arguments (marked
+    16-divisible unless the kernel never specializes them), `constexprs` fixes the rest.
+    `.asm` holds "ptx" and "cubin"."""
     signature = {**sig, **{k: "constexpr" for k in constexprs}}
     names = list(signature)
     # as a launch would: every argument 16-divisible, but those the kernel never specializes
@@ -71,8 +118,9 @@ def compile_kernel(kernel, sig: dict, constexprs: dict, capability: int, *, num_
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in sig if k not in generic}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "enable_fp_fusion": fp_fusion}
-    compiled = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
-    return compiled.asm["ptx"]
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
 
 
 _LOAD = re.compile(r"\bld\.global(?:\.[a-z0-9]+)*")
@@ -97,4 +145,103 @@ def ptx_summary(ptx: str) -> dict:
         "spills": len(re.findall(r"\b(?:ld|st)\.local", ptx)),
         # fused multiply-adds round once where the reference rounds twice
         "fma": len(re.findall(r"\bfma\.rn\.f32", ptx)),
+    }
+
+
+# --- PTX: the widest global load of each kernel argument ------------------------------
+
+_PTX_PARAM = re.compile(r"ld\.param\.[bu]64\s+(%rd\d+),\s*\[\w+_param_(\d+)\]")
+_PTX_INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+(.*?);", re.M)
+_PTX_REG = re.compile(r"%[a-z]+\d+")
+_PTX_BITS = {"b8": 8, "u8": 8, "s8": 8, "b16": 16, "u16": 16, "s16": 16, "f16": 16,
+             "b32": 32, "u32": 32, "s32": 32, "f32": 32, "b64": 64, "u64": 64, "s64": 64}
+
+
+def load_widths(ptx: str, arg_names: list[str]) -> dict[str, int]:
+    """Bytes of the widest global load from each pointer argument: the address registers of
+    every ld.global traced back, through the address arithmetic, to the parameters."""
+    taint: dict[str, set[int]] = {}
+    widest: dict[int, int] = {}
+    for m in _PTX_PARAM.finditer(ptx):
+        taint[m.group(1)] = {int(m.group(2))}
+    for m in _PTX_INSTR.finditer(ptx):
+        op, operands = m.group(1), m.group(2)
+        regs = _PTX_REG.findall(operands)
+        if op.startswith("ld.global"):
+            parts = op.split(".")
+            vec = next((int(p[1:]) for p in parts if p in ("v2", "v4", "v8")), 1)
+            bits = next((_PTX_BITS[p] for p in parts if p in _PTX_BITS), 32)
+            address = operands[operands.index("["):]
+            for r in _PTX_REG.findall(address):
+                for arg in taint.get(r, ()):
+                    widest[arg] = max(widest.get(arg, 0), vec * bits // 8)
+        elif regs and (op.startswith(("add", "sub", "mad", "mov", "cvt", "shl", "selp"))):
+            sources = set().union(*(taint.get(r, set()) for r in regs[1:]))
+            if sources:
+                taint[regs[0]] = sources
+    return {arg_names[i]: w for i, w in sorted(widest.items()) if i < len(arg_names)}
+
+
+# --- SASS -------------------------------------------------------------------------------
+
+_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def _tool(name: str) -> str:
+    from triton.backends.nvidia import __file__ as backend
+
+    return os.path.join(os.path.dirname(backend), "bin", name)
+
+
+def cubin_sass(cubin: bytes) -> tuple[str, str]:
+    """(SASS listing, resource usage) of a cubin, by the cuobjdump Triton ships."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", path], check=True,
+                              capture_output=True, text=True).stdout
+        usage = subprocess.run([_tool("cuobjdump"), "-res-usage", path], check=True,
+                               capture_output=True, text=True).stdout
+    return sass, usage
+
+
+def main_loop(sass: str) -> list[tuple[int, str]]:
+    """(address, opcode) of every instruction of the main loop: the longest span closed by
+    a backward branch. A kernel without one (a program per block column) is all of it."""
+    instrs = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _SASS_INSTR.finditer(sass)]
+    span = None
+    for address, op, args in instrs:
+        target = re.search(r"0x([0-9a-f]+)", args) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < address:
+            start = int(target.group(1), 16)
+            if span is None or address - start > span[1] - span[0]:
+                span = (start, address)
+    if span is None:  # straight-line: all but the trailing `BRA self` and padding
+        return [(a, op) for a, op, _ in instrs if op not in ("BRA", "NOP")]
+    return [(a, op) for a, op, _ in instrs if span[0] <= a <= span[1]]
+
+
+def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
+    """The static measures of one compiled kernel (see the module docstring)."""
+    sass, usage = cubin_sass(compiled.asm["cubin"])
+    loop = main_loop(sass)
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    shared = int(re.search(r"SHARED:(\d+)", usage).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    threads = 32 * num_warps
+    per_byte = len(loop) * num_warps / bytes_per_iteration
+    # registers are allocated per warp in units of 256 (8 per thread)
+    by_registers = 65536 // (threads * -(-registers // 8) * 8)
+    by_shared = (228 * 1024) // shared if shared else 32
+    return {
+        "loop_instructions": len(loop),
+        "loop_opcodes": dict(Counter(op.split(".")[0] for _, op in loop).most_common()),
+        "weight_bytes_per_iteration": bytes_per_iteration,
+        "warp_instructions_per_byte": round(per_byte, 4),
+        "bandwidth_bound": round(min(1.0, BUDGET / per_byte), 3),
+        "registers": registers,
+        "shared_memory": shared,
+        "spills": local + len(re.findall(r"\b(?:STL|LDL)\b", sass)),
+        "programs_per_sm": min(by_registers, by_shared, 2048 // threads, 32),
     }

@@ -32,3 +32,28 @@ def gemv_config(block_size: int, n: int, n_blocks: int, sms: int) -> dict:
 def gemm_config(block_size: int, m: int) -> dict:
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     return {"BM": bm, "BN": 64 if block_size <= 32 else 32, "num_warps": 4}
+
+
+# The M = 1 GEMV (gemv_dot_kernel). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
+# every x value a thread converts serves all its rows, so more rows mean fewer instructions
+# per weight byte, more registers and fewer programs. A 256-weight block can be taken in
+# PARTS calls, each a loop iteration, which keeps the registers of more rows in bounds.
+# Chosen from scripts/inspect_kernels.py --sass (instructions per byte under the H200
+# budget, registers under 128 so that 4 programs fit an SM, no spills); the defaults are
+# 4 rows, whole blocks.
+GEMV_ROWS = {"Q5_0": 16, "Q5_1": 8, "Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ2_0": 2}
+GEMV_PARTS = {"IQ4_XS": 4}
+
+
+def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int) -> dict:
+    """The dot GEMV at M rows of x (a program each): BN rows a program, PARTS calls a block
+    column, split K until about 2 programs per SM (a small matrix at batch 1 still fills the
+    GPU)."""
+    warps = 4
+    bn = 32 * warps * GEMV_ROWS.get(type_name, 4)
+    parts = GEMV_PARTS.get(type_name, 1)
+    tiles = -(-n // bn)
+    split_k = 1
+    while tiles * split_k * m < 2 * sms and split_k * 2 <= n_blocks * parts:
+        split_k *= 2
+    return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps}

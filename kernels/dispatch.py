@@ -13,7 +13,7 @@ from . import configs
 from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
-from .gemv import gemv_kernel
+from .gemv import gemv_dot_kernel, gemv_kernel
 from .registry import FORMATS, MAX_PLANES, Format
 
 # Each module registers its types on import.
@@ -96,8 +96,20 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
     b = k // fmt.block_size
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
+    if m == 0:  # engines do send empty batches; no kernel is launched for them
+        return x.new_empty(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
-    if m <= configs.GEMV_MAX_M:
+    if m <= configs.GEMV_MAX_M and fmt.dot is not None:
+        cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(x.device))
+        assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
+        split = cfg["SPLIT_K"] > 1
+        out = (torch.zeros if split else torch.empty)(m, n, device=x.device,
+                                                      dtype=torch.float32 if split else x.dtype)
+        grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
+        gemv_dot_kernel[grid](*args, x2, out, n, b, x2.stride(0), out.stride(0),
+                              BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
+                              PARTS=cfg["PARTS"], DOT=fmt.dot, num_warps=cfg["num_warps"])
+    elif m <= configs.GEMV_MAX_M:
         m_pad = triton.next_power_of_2(max(m, 1))
         cfg = configs.gemv_config(fmt.block_size, n, b, _multiprocessors(x.device))
         split = cfg["SPLIT_K"] > 1

@@ -54,3 +54,208 @@ def concat(a, b):
 def nibbles(b):
     """uint8 [R, n] -> [R, 2n]: every byte's low nibble, then every high one (ggml's order)."""
     return concat(b & 0x0F, b >> 4)
+
+
+# --- GEMV helpers (M = 1): one row per tensor element, scalars of x, exact integer fields ---
+#
+# The decode GEMV keeps every tensor 1-D over the tile's rows (no layout conversions, each
+# thread owns whole rows), reads x as uniform scalars (one conversion per value per thread,
+# shared by the thread's rows), and turns a bit field into float32 without I2F, whose
+# throughput is a sixteenth of an FFMA's: OR the field, in place, into the mantissa of
+# 2**23 (one LOP3), then one FFMA scales it down by its bit position and subtracts 2**23 and
+# the type's offset, exactly. Fields need no shift unless they reach past bit 22.
+
+
+@triton.jit
+def words4(P, j, rows, mask, N, COUNT: tl.constexpr, FIRST):
+    """Words FIRST..FIRST+3 of a field of COUNT int32 words per block, one 16-byte load per
+    row, as four int32 [len(rows)] (FIRST a multiple of 4)."""
+    base = (j * N + rows).to(tl.int64) * COUNT + FIRST
+    w = tl.load(P.to(tl.pointer_type(tl.int32)) + base[:, None] + tl.arange(0, 4)[None, :],
+                mask=mask[:, None], other=0)
+    a, b = tl.split(tl.reshape(w, (w.shape[0], 2, 2)))
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def row_load(ptr, mask, other):
+    """One element per row, loaded as a [len(rows), 1] tile and reduced to 1-D. A 1-D load
+    at contiguous rows is vectorized over 4 rows per thread, while words4's loads give each
+    thread whole rows 128 apart; mixing those layouts costs a shared-memory round trip per
+    value derived from the load (BAR, STS, LDSM in the SASS). The tile's slice is words4's."""
+    return tl.sum(tl.load(ptr[:, None], mask=mask[:, None], other=other), axis=1)
+
+
+@triton.jit
+def scale_f16(P, j, rows, mask, N):
+    """A float16 scale field as float32 [len(rows)] (the GEMV's 1-D form of field_f16)."""
+    ptr = P.to(tl.pointer_type(tl.float16)) + (j * N + rows).to(tl.int64)
+    return row_load(ptr, mask, 0.0).to(tl.float32)
+
+
+@triton.jit
+def row_word(P, j, rows, mask, N, COUNT: tl.constexpr, WORD: tl.constexpr):
+    """Word WORD of a field of COUNT int32 words per block, as int32 [len(rows)], in the
+    GEMV's layout (see row_load)."""
+    base = (j * N + rows).to(tl.int64) * COUNT + WORD
+    return row_load(P.to(tl.pointer_type(tl.int32)) + base, mask, 0)
+
+
+@triton.jit
+def x4(XB, AT: tl.constexpr):
+    """x[AT..AT+3] of the block at XB as four float32 scalars (one vector load)."""
+    v = tl.reshape(tl.load(XB + AT + tl.arange(0, 4)), (2, 2))
+    a, b = tl.split(v)
+    x0, x2 = tl.split(a)
+    x1, x3 = tl.split(b)
+    # converted after the split, each where it is used: the loads are what ptxas hoists, and
+    # x held in its own dtype until then takes fewer registers
+    return x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+
+
+@triton.jit
+def opaque_zero(N):
+    """0, for N >= 0, in a form the compilers cannot fold. A LOP3 takes one immediate and an
+    FFMA one, and `(w & mask) | magic` and `v * scale - offset` have two each: as literals,
+    ptxas rematerializes one of them before every instruction (a MOV per weight, seen in
+    the SASS); offset by this zero, they are computed once, outside the loop, and stay in
+    registers."""
+    return N >> 31
+
+
+@triton.jit
+def shr(w, K: tl.constexpr):
+    """w >> K, logical (zeros in from the top): int32 >> is arithmetic, and ptxas spends a
+    sign extension (SGXT) on it before a mask."""
+    return (w.to(tl.uint32, bitcast=True) >> K).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def field_value(w, P: tl.constexpr, WIDTH: tl.constexpr, OFFSET: tl.constexpr, Z):
+    """((w >> P) & (2**WIDTH - 1)) - OFFSET, exact, as float32 [len(w)]; Z: opaque_zero()."""
+    if P + WIDTH > 23:
+        w = shr(w, 16)
+        E: tl.constexpr = P - 16
+    else:
+        E: tl.constexpr = P
+    # 2**23 + field * 2**E, exactly: the field in place in the mantissa
+    v = ((w & ((((1 << WIDTH) - 1) << E) + Z)) | (0x4B000000 + Z)).to(tl.float32, bitcast=True)
+    # (2**(23-E) + field) - (2**(23-E) + OFFSET): one FFMA, the result exact
+    return v * (1.0 / (1 << E)) - ((1 << (23 - E)) + OFFSET + Z).to(tl.float32)
+
+
+@triton.jit
+def mac4(acc, xs, w, XB, AT: tl.constexpr, P: tl.constexpr, STEP: tl.constexpr,
+         WIDTH: tl.constexpr, OFFSET: tl.constexpr, Z):
+    """Four WIDTH-bit fields of word w, at bits P, P + STEP, P + 2 STEP, P + 3 STEP, less
+    OFFSET, times x[AT..AT+3], added to acc; also xs + x[AT] + ... + x[AT+3] (for the types
+    whose sub-blocks have a min: their GEMV needs the sums of x, and dead code costs nothing
+    where it is not used)."""
+    x0, x1, x2, x3 = x4(XB, AT)
+    acc += field_value(w, P, WIDTH, OFFSET, Z) * x0
+    acc += field_value(w, P + STEP, WIDTH, OFFSET, Z) * x1
+    acc += field_value(w, P + 2 * STEP, WIDTH, OFFSET, Z) * x2
+    acc += field_value(w, P + 3 * STEP, WIDTH, OFFSET, Z) * x3
+    return acc, xs + ((x0 + x1) + (x2 + x3))
+
+
+@triton.jit
+def mac_nibbles(low, x_low, high, x_high, w, XB, LOW: tl.constexpr, HIGH: tl.constexpr,
+                OFFSET: tl.constexpr, Z):
+    """The 8 nibbles of word w (4 bytes) less OFFSET times their x: byte b's low nibble
+    multiplies x[LOW + b] into `low`, its high nibble x[HIGH + b] into `high` (ggml's split
+    of a run of bytes into two runs of weights); x_low and x_high add up those x. The three
+    nibbles above bit 19 are read from w >> 16: one shift for all of them."""
+    t = shr(w, 16)
+    x0, x1, x2, x3 = x4(XB, LOW)
+    low += field_value(w, 0, 4, OFFSET, Z) * x0
+    low += field_value(w, 8, 4, OFFSET, Z) * x1
+    low += field_value(w, 16, 4, OFFSET, Z) * x2
+    low += field_value(t, 8, 4, OFFSET, Z) * x3
+    x_low += (x0 + x1) + (x2 + x3)
+    x0, x1, x2, x3 = x4(XB, HIGH)
+    high += field_value(w, 4, 4, OFFSET, Z) * x0
+    high += field_value(w, 12, 4, OFFSET, Z) * x1
+    high += field_value(t, 4, 4, OFFSET, Z) * x2
+    high += field_value(t, 12, 4, OFFSET, Z) * x3
+    x_high += (x0 + x1) + (x2 + x3)
+    return low, x_low, high, x_high
+
+
+@triton.jit
+def mac_bytes(acc, w, XB, AT: tl.constexpr, OFFSET: tl.constexpr, Z):
+    """acc + the 4 bytes of word w less OFFSET times x[AT..AT+3]."""
+    acc, _ = mac4(acc, 0.0, w, XB, AT, 0, 8, 8, OFFSET, Z)
+    return acc
+
+
+@triton.jit
+def spread4(t):
+    """Bits 0..3 of t to bits 4, 12, 20 and 28 (above each byte's low nibble): the four
+    shifted copies a multiply makes do not overlap, and the mask keeps one bit of each."""
+    return ((t & 0xF) * 0x02040810) & 0x10101010
+
+
+@triton.jit
+def row_u16(P, j, rows, mask, N):
+    """A 16-bit field (one per block) as int32 [len(rows)], in the GEMV's layout."""
+    ptr = P.to(tl.pointer_type(tl.uint16)) + (j * N + rows).to(tl.int64)
+    return row_load(ptr, mask, 0).to(tl.int32)
+
+
+@triton.jit
+def row_u8(P, j, rows, mask, N):
+    """An 8-bit field (one per block) as int32 [len(rows)], in the GEMV's layout."""
+    ptr = P.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64)
+    return row_load(ptr, mask, 0).to(tl.int32)
+
+
+@triton.jit
+def lookup_table(TABLE, SIZE: tl.constexpr):
+    """A type's lookup table of SIZE int32 values, as float32 [SIZE], for lookup_nibbles."""
+    return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + tl.arange(0, SIZE)).to(tl.float32)
+
+
+@triton.jit
+def lookup_nibbles(table, w):
+    """table[nibble k of w] for k = 0..7 (bits 4k), as eight float32 [len(w)]. One gather
+    for all eight: Triton puts the table in shared memory, one store and barrier per gather
+    and then one LDS per value (a gather per nibble paid the store and barriers each time;
+    a gather along an in-thread axis became chains of selects)."""
+    R: tl.constexpr = w.shape[0]
+    # low and high nibbles as bytes first, then bytes out of those (a byte is one PRMT)
+    lo = w & 0x0F0F0F0F
+    hi = shr(w, 4) & 0x0F0F0F0F
+    idx = tl.join(tl.join(tl.join(lo & 0xFF, hi & 0xFF), tl.join(shr(lo, 8) & 0xFF, shr(hi, 8) & 0xFF)),
+                  tl.join(tl.join(shr(lo, 16) & 0xFF, shr(hi, 16) & 0xFF),
+                          tl.join(shr(lo, 24), shr(hi, 24))))
+    v = tl.reshape(tl.gather(table, tl.reshape(idx, (R * 8,)), 0), (R, 2, 2, 2))
+    a, b = tl.split(v)  # the joins put nibble 4u + 2t + i at [.., i, t, u]
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    v0, v1 = tl.split(a0)
+    v2, v3 = tl.split(a1)
+    v4, v5 = tl.split(b0)
+    v6, v7 = tl.split(b1)
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def mac_lookup_nibbles(low, high, w, table, XB, LOW: tl.constexpr, HIGH: tl.constexpr):
+    """As mac_nibbles, for types whose nibbles index a table of values: byte b's low nibble
+    value times x[LOW + b] into `low`, its high nibble value times x[HIGH + b] into `high`."""
+    v0, v1, v2, v3, v4, v5, v6, v7 = lookup_nibbles(table, w)
+    x0, x1, x2, x3 = x4(XB, LOW)
+    # one FFMA a weight: added one at a time (a sum of products first costs an FMUL and an FADD)
+    low += v0 * x0
+    low += v2 * x1
+    low += v4 * x2
+    low += v6 * x3
+    x0, x1, x2, x3 = x4(XB, HIGH)
+    high += v1 * x0
+    high += v3 * x1
+    high += v5 * x2
+    high += v7 * x3
+    return low, high

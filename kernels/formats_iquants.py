@@ -20,7 +20,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .fields import field, field_f16, field_run, nibbles
+from .fields import (
+    field,
+    field_f16,
+    field_run,
+    lookup_table,
+    mac_lookup_nibbles,
+    nibbles,
+    row_u16,
+    row_word,
+    scale_f16,
+    words4,
+)
 from .registry import register
 
 KSIGNS = tl.constexpr(128)  # ksigns entries; a table holding them puts its grid after
@@ -139,14 +150,48 @@ def scale_2bit(d, s):
 # -- 4-bit non-linear ------------------------------------------------------------------
 
 
-@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues))
+@triton.jit
+def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    table = lookup_table(TABLE, 16)
+    w = words4(P1, j, rows, mask, N, 4, 0)
+    low = tl.zeros(rows.shape, tl.float32)
+    high = tl.zeros(rows.shape, tl.float32)
+    for c in tl.static_range(4):
+        low, high = mac_lookup_nibbles(low, high, w[c], table, XB, 4 * c, 16 + 4 * c)
+    return scale_f16(P0, j, rows, mask, N) * (low + high)
+
+
+@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot)
 @triton.jit
 def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
     return d * kvalue(TABLE, nibbles(field(P1, j, rows, mask, N, 16, tl.uint8)))
 
 
-@register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues))
+@triton.jit
+def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    """The 256 // PARTS weights of part `part`: 8 sub-blocks of 32 in all, each 16 qs bytes
+    (low nibbles, then high ones) and a 6-bit scale less 32, its low 4 bits in scales_l and
+    its high 2 in scales_h."""
+    SUBS: tl.constexpr = 8 // PARTS
+    table = lookup_table(TABLE, 16)
+    high_bits = row_u16(P1, j, rows, mask, N)
+    low_bits = row_word(P2, j, rows, mask, N, 1, 0)
+    acc = tl.zeros(rows.shape, tl.float32)
+    for t in tl.static_range(SUBS):
+        sub = SUBS * part + t
+        w = words4(P3, j, rows, mask, N, 32, 4 * sub)
+        low = tl.zeros(rows.shape, tl.float32)
+        high = tl.zeros(rows.shape, tl.float32)
+        for c in tl.static_range(4):
+            low, high = mac_lookup_nibbles(low, high, w[c], table, XB + 32 * sub, 4 * c, 16 + 4 * c)
+        scale = ((low_bits >> (4 * sub)) & 15) | (((high_bits >> (2 * sub)) & 3) << 4)
+        acc += (scale - 32).to(tl.float32) * (low + high)
+    return scale_f16(P0, j, rows, mask, N) * acc
+
+
+@register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
+          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8))
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]

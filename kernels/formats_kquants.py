@@ -3,7 +3,18 @@
 import triton
 import triton.language as tl
 
-from .fields import concat, field_bytes, field_f16
+from .fields import (
+    concat,
+    field_bytes,
+    field_f16,
+    mac4,
+    mac_nibbles,
+    opaque_zero,
+    row_word,
+    scale_f16,
+    shr,
+    words4,
+)
 from .registry import register
 
 
@@ -66,7 +77,197 @@ def q3_scales(P, j, rows, mask, N):
     return (low | (top << 4)) - 32
 
 
-@register("Q2_K", 256, ("scales", "qs", "d", "dmin"))
+# --- dot functions for the M = 1 GEMV (gemv.py's gemv_dot_kernel) ------------------------
+
+
+@triton.jit
+def shifted(w, K: tl.constexpr):
+    """w << K for K >= 0, logical w >> -K otherwise."""
+    if K >= 0:
+        return w << K
+    else:
+        return shr(w, -K)
+
+
+@triton.jit
+def k_scale_min(w0, w1, w2, i):
+    """Q4_K/Q5_K's 6-bit scale and min of sub-block i (0..7, any int), as float32, from the
+    12 scale bytes as words w0..w2 (scales_mins' bit arrangement): sub-blocks 0-3 have them
+    in the low 6 bits of byte i of w0 and w1; 4-7 take their low 4 bits from the nibbles of
+    byte i - 4 of w2 and their top 2 from the top of byte i - 4 of w0 and w1."""
+    upper = i >> 2
+    a = shr(w0, 8 * (i & 3))
+    b = shr(w1, 8 * (i & 3))
+    c = shr(w2, 8 * (i & 3))
+    top = 4 + 2 * upper  # where the 2 top bits are: bits 4-5 (i < 4), 6-7 (i >= 4)
+    sc = (tl.where(upper != 0, c, a) & 15) | (((a >> top) & 3) << 4)
+    mn = (tl.where(upper != 0, c >> 4, b) & 15) | (((b >> top) & 3) << 4)
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS: tl.constexpr,
+              FIFTH: tl.constexpr):
+    """Q4_K/Q5_K, the 4 / PARTS groups of 64 weights of part `part`: d * sum(scale_i
+    sum_i(q x)) - dmin * sum(min_i sum_i(x)) over their sub-blocks of 32. Group g's 32 qs
+    bytes hold weights 64g + l (low nibbles, sub-block 2g) and 64g + 32 + l (high, 2g + 1);
+    Q5_K's fifth bits are bits 2g and 2g + 1 of qh byte l, put above each nibble."""
+    GROUPS: tl.constexpr = 4 // PARTS
+    z = opaque_zero(N)
+    s0 = row_word(P2, j, rows, mask, N, 3, 0)
+    s1 = row_word(P2, j, rows, mask, N, 3, 1)
+    s2 = row_word(P2, j, rows, mask, N, 3, 2)
+    qs_plane = P4 if FIFTH else P3
+    by_scale = tl.zeros(rows.shape, tl.float32)
+    by_min = tl.zeros(rows.shape, tl.float32)
+    for gg in tl.static_range(GROUPS):
+        g = GROUPS * part + gg
+        XG = XB + 64 * g
+        low = tl.zeros(rows.shape, tl.float32)
+        high = tl.zeros(rows.shape, tl.float32)
+        x_low = 0.0
+        x_high = 0.0
+        for h in tl.static_range(2):
+            w = words4(qs_plane, j, rows, mask, N, 32, 8 * g + 4 * h)
+            if FIFTH:
+                qh = words4(P3, j, rows, mask, N, 8, 4 * h)
+            for c in tl.static_range(4):
+                i = 16 * h + 4 * c
+                if FIFTH:
+                    bits = shr(qh[c], 2 * g)  # bits 2g and 2g + 1 of each byte, to bits 0, 1
+                    lo = (w[c] & 0x0F0F0F0F) | ((bits << 4) & 0x10101010)
+                    hi = (shr(w[c], 4) & 0x0F0F0F0F) | ((bits << 3) & 0x10101010)
+                    low, x_low = mac4(low, x_low, lo, XG, i, 0, 8, 5, 0, z)
+                    high, x_high = mac4(high, x_high, hi, XG, i + 32, 0, 8, 5, 0, z)
+                else:
+                    low, x_low, high, x_high = mac_nibbles(low, x_low, high, x_high, w[c], XG,
+                                                           i, i + 32, 0, z)
+        sc, mn = k_scale_min(s0, s1, s2, 2 * g)
+        by_scale += sc * low
+        by_min += mn * x_low
+        sc, mn = k_scale_min(s0, s1, s2, 2 * g + 1)
+        by_scale += sc * high
+        by_min += mn * x_high
+    return scale_f16(P0, j, rows, mask, N) * by_scale - scale_f16(P1, j, rows, mask, N) * by_min
+
+
+@triton.jit
+def q4_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    return q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS, False)
+
+
+@triton.jit
+def q5_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    return q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS, True)
+
+
+@triton.jit
+def q2_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    """Q2_K, half n of the block per call (PARTS 2) or both (PARTS 1): weights 128n + 32k + l
+    are bits 2k..2k+1 of qs byte 32n + l; sub-block 8n + 2k + l // 16 has 4-bit scale and
+    min in its scale byte: d * sum(scale sum(q x)) - dmin * sum(min sum(x))."""
+    z = opaque_zero(N)
+    sc_words = words4(P0, j, rows, mask, N, 4, 0)
+    by_scale = tl.zeros(rows.shape, tl.float32)
+    by_min = tl.zeros(rows.shape, tl.float32)
+    for nn in tl.static_range(2 // PARTS):
+        n = (2 // PARTS) * part + nn
+        for half in tl.static_range(2):
+            w = words4(P1, j, rows, mask, N, 16, 8 * n + 4 * half)
+            for k in tl.static_range(4):
+                s = tl.zeros(rows.shape, tl.float32)
+                xs = 0.0
+                for c in tl.static_range(4):
+                    s, xs = mac4(s, xs, w[c], XB + 128 * n, 32 * k + 16 * half + 4 * c, 2 * k, 8,
+                                 2, 0, z)
+                # sub-block 8n + 2k + half: byte (2k + half) % 4 of scale word 2n + k // 2
+                if PARTS == 1:
+                    word = sc_words[2 * nn + k // 2]
+                else:
+                    word = tl.where(part == 0, sc_words[k // 2], sc_words[2 + k // 2])
+                byte = shr(word, 8 * ((2 * k + half) % 4))
+                by_scale += (byte & 15).to(tl.float32) * s
+                by_min += ((byte >> 4) & 15).to(tl.float32) * xs
+    return scale_f16(P2, j, rows, mask, N) * by_scale - scale_f16(P3, j, rows, mask, N) * by_min
+
+
+@triton.jit
+def q3_k_scale(w0, w1, w2, S: tl.constexpr):
+    """Q3_K's 6-bit scale S less 32, as float32: low 4 bits nibble S // 8 of scale byte
+    S % 8 (words w0, w1), top 2 bits 2-bit field S // 4 of byte 8 + S % 4 (w2)."""
+    low = shr(w0 if (S % 8) < 4 else w1, 8 * (S % 4) + 4 * (S // 8)) & 15
+    top = shr(w2, 8 * (S % 4) + 2 * (S // 4)) & 3
+    return ((low | (top << 4)) - 32).to(tl.float32)
+
+
+@triton.jit
+def q3_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    """Q3_K (PARTS 1): weights 128n + 32k + l are bits 2k..2k+1 of qs byte 32n + l and bit
+    4n + k of hmask byte l (set: +0, clear: -4), assembled in place as one 3-bit field less 4;
+    sub-block 8n + 2k + l // 16 has a 6-bit scale less 32: d * sum(scale sum(q x))."""
+    z = opaque_zero(N)
+    s0 = row_word(P2, j, rows, mask, N, 3, 0)
+    s1 = row_word(P2, j, rows, mask, N, 3, 1)
+    s2 = row_word(P2, j, rows, mask, N, 3, 2)
+    acc = tl.zeros(rows.shape, tl.float32)
+    for n in tl.static_range(2):
+        for half in tl.static_range(2):
+            w = words4(P1, j, rows, mask, N, 16, 8 * n + 4 * half)
+            hm = words4(P0, j, rows, mask, N, 8, 4 * half)
+            for k in tl.static_range(4):
+                s = tl.zeros(rows.shape, tl.float32)
+                for c in tl.static_range(4):
+                    first = 128 * n + 32 * k + 16 * half + 4 * c  # of these 4 weights
+                    # the 2 low bits at bit 2k of each byte, the hmask bit put above them (for
+                    # k = 3 all shifted down by 2, so that the 3-bit field stays in its byte)
+                    if k < 3:
+                        high = shifted(hm[c], k + 2 - 4 * n) & (0x04040404 << (2 * k))
+                        q = (w[c] & (0x03030303 << (2 * k))) | high
+                        s, _ = mac4(s, 0.0, q, XB, first, 2 * k, 8, 3, 4, z)
+                    else:
+                        high = shifted(hm[c], 3 - 4 * n) & 0x40404040
+                        q = (shr(w[c], 2) & 0x30303030) | high
+                        s, _ = mac4(s, 0.0, q, XB, first, 4, 8, 3, 4, z)
+                acc += q3_k_scale(s0, s1, s2, 8 * n + 2 * k + half) * s
+    return scale_f16(P3, j, rows, mask, N) * acc
+
+
+@triton.jit
+def signed_byte(w, B: tl.constexpr):
+    """Byte B of w as a signed value, float32."""
+    return ((w << (24 - 8 * B)) >> 24).to(tl.float32)
+
+
+@triton.jit
+def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    """Q6_K (a whole block: PARTS 1): d * sum(scale_i sum_i((q - 32) x)) over 16 sub-blocks
+    of 16. Half n's weights
+    128n + 32k + l (k < 4, l < 32) take 4 bits from ql byte 64n + l (k even) or 64n + 32 + l
+    (k odd), low nibble for k < 2, and 2 bits from qh byte 32n + l at bit 2k."""
+    z = opaque_zero(N)
+    sc = words4(P2, j, rows, mask, N, 4, 0)
+    acc = tl.zeros(rows.shape, tl.float32)
+    for n in tl.static_range(2):
+        for half in tl.static_range(2):  # l < 16, l >= 16: one scale each
+            a = words4(P0, j, rows, mask, N, 32, 16 * n + 4 * half)
+            b = words4(P0, j, rows, mask, N, 32, 16 * n + 8 + 4 * half)
+            qh = words4(P1, j, rows, mask, N, 16, 8 * n + 4 * half)
+            for k in tl.static_range(4):
+                s = tl.zeros(rows.shape, tl.float32)
+                for c in tl.static_range(4):
+                    ql = a[c] if k % 2 == 0 else b[c]
+                    if k < 2:
+                        q = ql & 0x0F0F0F0F
+                    else:
+                        q = shr(ql, 4) & 0x0F0F0F0F
+                    q |= shifted(qh[c], 4 - 2 * k) & 0x30303030
+                    s, _ = mac4(s, 0.0, q, XB, 128 * n + 32 * k + 16 * half + 4 * c, 0, 8, 6, 32, z)
+                # the scale of these 16 weights: byte 8n + 2k + half of the 16
+                acc += signed_byte(sc[2 * n + k // 2], (2 * k + half) % 4) * s
+    return scale_f16(P3, j, rows, mask, N) * acc
+
+
+@register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2))
 @triton.jit
 def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P0, j, rows, mask, N, 16)
@@ -76,7 +277,7 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return q * per_weight(dl, 16) - per_weight(ml, 16)
 
 
-@register("Q3_K", 256, ("hmask", "qs", "scales", "d"))
+@register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot)
 @triton.jit
 def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)
@@ -95,14 +296,14 @@ def scaled_minus_min(P0, P1, P2, j, rows, mask, N, q):
     return q.to(tl.float32) * per_weight(dl, 32) - per_weight(ml, 32)
 
 
-@register("Q4_K", 256, ("d", "dmin", "scales", "qs"))
+@register("Q4_K", 256, ("d", "dmin", "scales", "qs"), dot=q4_k_dot, dot_parts=(1, 2, 4))
 @triton.jit
 def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P3, j, rows, mask, N, 128), 4, 4)
     return scaled_minus_min(P0, P1, P2, j, rows, mask, N, q)
 
 
-@register("Q5_K", 256, ("d", "dmin", "scales", "qh", "qs"))
+@register("Q5_K", 256, ("d", "dmin", "scales", "qh", "qs"), dot=q5_k_dot, dot_parts=(1, 2, 4))
 @triton.jit
 def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P4, j, rows, mask, N, 128), 4, 4)
@@ -110,7 +311,7 @@ def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return scaled_minus_min(P0, P1, P2, j, rows, mask, N, q)
 
 
-@register("Q6_K", 256, ("ql", "qh", "scales", "d"))
+@register("Q6_K", 256, ("ql", "qh", "scales", "d"), dot=q6_k_dot)
 @triton.jit
 def q6_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)

@@ -3,11 +3,47 @@
 import triton
 import triton.language as tl
 
-from .fields import field_bytes, field_f16, field_word, nibbles
+from .fields import (
+    field_bytes,
+    field_f16,
+    field_word,
+    mac4,
+    mac_bytes,
+    mac_nibbles,
+    nibbles,
+    opaque_zero,
+    row_word,
+    scale_f16,
+    shr,
+    spread4,
+    words4,
+)
 from .registry import register
 
 
-@register("Q4_0", 32, ("d", "qs"))
+@triton.jit
+def nibbles_dot(P, j, rows, mask, N, XB, OFFSET: tl.constexpr):
+    """sum((q - OFFSET) x) and sum(x) over a block of 16 bytes of nibbles (ggml's order:
+    byte i holds weights i and 16 + i)."""
+    w = words4(P, j, rows, mask, N, 4, 0)
+    low = tl.zeros(rows.shape, tl.float32)
+    high = tl.zeros(rows.shape, tl.float32)
+    x_low = 0.0
+    x_high = 0.0
+    z = opaque_zero(N)
+    for c in tl.static_range(4):
+        low, x_low, high, x_high = mac_nibbles(low, x_low, high, x_high, w[c], XB, 4 * c,
+                                               16 + 4 * c, OFFSET, z)
+    return low + high, x_low + x_high
+
+
+@triton.jit
+def q4_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    s, _ = nibbles_dot(P1, j, rows, mask, N, XB, 8)
+    return scale_f16(P0, j, rows, mask, N) * s
+
+
+@register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot)
 @triton.jit
 def q4_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -23,7 +59,14 @@ def fifth_bits(P, j, rows, mask, N):
     return ((qh[:, None] >> tl.arange(0, 32)[None, :]) & 1) << 4
 
 
-@register("Q4_1", 32, ("d", "m", "qs"))
+@triton.jit
+def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    # d * q + m per weight: d * sum(q x) + m * sum(x)
+    s, xs = nibbles_dot(P2, j, rows, mask, N, XB, 0)
+    return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * xs
+
+
+@register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot)
 @triton.jit
 def q4_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -32,7 +75,38 @@ def q4_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return d * q.to(tl.float32) + m
 
 
-@register("Q5_0", 32, ("d", "qh", "qs"))
+@triton.jit
+def q5_dot(qh_plane, qs_plane, j, rows, mask, N, XB, OFFSET: tl.constexpr):
+    """Q5_0/Q5_1's sum(q * x) and sum(x): byte b of qs word c holds weights 4c + b (low
+    nibble) and 16 + 4c + b (high nibble), whose fifth bits are bits 4c + b and 16 + 4c + b
+    of qh; each byte's 5-bit value is assembled in place, then read as one field."""
+    qh = row_word(qh_plane, j, rows, mask, N, 1, 0)
+    w = words4(qs_plane, j, rows, mask, N, 4, 0)
+    s = tl.zeros(rows.shape, tl.float32)
+    xs = 0.0
+    z = opaque_zero(N)
+    qh = qh | (w[0] & z)
+    for c in tl.static_range(4):
+        low = (w[c] & 0x0F0F0F0F) | spread4(shr(qh, 4 * c))
+        high = (shr(w[c], 4) & 0x0F0F0F0F) | spread4(shr(qh, 16 + 4 * c))
+        s, xs = mac4(s, xs, low, XB, 4 * c, 0, 8, 5, OFFSET, z)
+        s, xs = mac4(s, xs, high, XB, 16 + 4 * c, 0, 8, 5, OFFSET, z)
+    return s, xs
+
+
+@triton.jit
+def q5_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    s, _ = q5_dot(P1, P2, j, rows, mask, N, XB, 16)
+    return scale_f16(P0, j, rows, mask, N) * s
+
+
+@triton.jit
+def q5_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    s, xs = q5_dot(P2, P3, j, rows, mask, N, XB, 0)
+    return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * xs
+
+
+@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot)
 @triton.jit
 def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -40,7 +114,7 @@ def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return d * (q - 16).to(tl.float32)
 
 
-@register("Q5_1", 32, ("d", "m", "qh", "qs"))
+@register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot)
 @triton.jit
 def q5_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -49,7 +123,19 @@ def q5_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return d * q.to(tl.float32) + m
 
 
-@register("Q8_0", 32, ("d", "qs"))
+@triton.jit
+def q8_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    s = tl.zeros(rows.shape, tl.float32)
+    z = opaque_zero(N)
+    for half in tl.static_range(2):
+        w = words4(P1, j, rows, mask, N, 8, 4 * half)
+        for c in tl.static_range(4):
+            # signed bytes: flipping each top bit makes them q + 128, unsigned
+            s = mac_bytes(s, w[c] ^ -0x7F7F7F80, XB, 16 * half + 4 * c, 128, z)
+    return scale_f16(P0, j, rows, mask, N) * s
+
+
+@register("Q8_0", 32, ("d", "qs"), dot=q8_0_dot)
 @triton.jit
 def q8_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

@@ -3,10 +3,28 @@
 Every small value table here is a few integer operations, cheaper than a gather from memory.
 """
 
+from functools import cache
+
+import numpy as np
+import torch
 import triton
 import triton.language as tl
 
-from .fields import concat, field_bytes, field_f16, field_run, nibbles
+from .fields import (
+    concat,
+    field_bytes,
+    field_f16,
+    field_run,
+    lookup_table,
+    mac4,
+    mac_lookup_nibbles,
+    nibbles,
+    opaque_zero,
+    row_u8,
+    row_word,
+    scale_f16,
+    words4,
+)
 from .registry import register
 
 
@@ -42,7 +60,22 @@ def tq1_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return q.to(tl.float32) * field_f16(P2, j, rows, mask, N)
 
 
-@register("TQ2_0", 256, ("qs", "d"))
+@triton.jit
+def tq2_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    # weight 128h + 32g + l: bits 2g..2g+1 of byte 32h + l, less 1
+    z = opaque_zero(N)
+    s = tl.zeros(rows.shape, tl.float32)
+    for h in tl.static_range(2):
+        for q in tl.static_range(2):
+            w = words4(P0, j, rows, mask, N, 16, 8 * h + 4 * q)
+            for g in tl.static_range(4):
+                for c in tl.static_range(4):
+                    s, _ = mac4(s, 0.0, w[c], XB, 128 * h + 32 * g + 16 * q + 4 * c, 2 * g, 8, 2,
+                                1, z)
+    return scale_f16(P1, j, rows, mask, N) * s
+
+
+@register("TQ2_0", 256, ("qs", "d"), dot=tq2_0_dot)
 @triton.jit
 def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # Each 32-byte half holds 4 groups of 32 weights, group g in bits 2g..2g+1. Raw code 3,
@@ -89,14 +122,73 @@ def ue4m3_half(x):
     return tl.where(x == 0x7F, 0.0, value)
 
 
-@register("MXFP4", 32, ("e", "qs"))
+E2M1_DOUBLED = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
+
+
+@cache
+def e2m1_table(device: torch.device) -> torch.Tensor:
+    """Twice the 16 E2M1 values (OCP microscaling; gguf-py's kvalues), for the GEMV's
+    lookups (the dequant functions decode the codes arithmetically)."""
+    return torch.tensor(E2M1_DOUBLED, dtype=torch.int32, device=device)
+
+
+def ue4m3_halves() -> np.ndarray:
+    """Every UE4M3 scale byte's value, halved, as float32, decoded as gguf-py does (bits 0-6
+    only, 0x7F alone is 0): subnormals man * 2**-10, normals (1 + man/8) * 2**(exp - 8)."""
+    x = np.arange(256)
+    exp, man = (x >> 3) & 0xF, (x & 7).astype(np.float64)
+    value = np.where(exp == 0, man * 2.0**-10, (1 + man / 8) * 2.0 ** (exp - 8))
+    return np.where(x == 0x7F, 0.0, value).astype(np.float32)
+
+
+@cache
+def nvfp4_table(device: torch.device) -> torch.Tensor:
+    """E2M1 values (16 int32), then the 256 halved UE4M3 scales (float32 bits): the GEMV
+    looks a block's 4 scales up instead of decoding them."""
+    words = np.concatenate([np.array(E2M1_DOUBLED, np.int32), ue4m3_halves().view(np.int32)])
+    return torch.from_numpy(words).to(device)
+
+
+@triton.jit
+def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    table = lookup_table(TABLE, 16)
+    w = words4(P1, j, rows, mask, N, 4, 0)
+    low = tl.zeros(rows.shape, tl.float32)
+    high = tl.zeros(rows.shape, tl.float32)
+    for c in tl.static_range(4):
+        low, high = mac_lookup_nibbles(low, high, w[c], table, XB, 4 * c, 16 + 4 * c)
+    return e8m0_half(row_u8(P0, j, rows, mask, N)) * (low + high)
+
+
+@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot)
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]
     return e2m1_doubled(nibbles(field_bytes(P1, j, rows, mask, N, 16))) * scale
 
 
-@register("NVFP4", 64, ("d", "qs"))
+@triton.jit
+def nvfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+    """Four sub-blocks of 16: sub-block s is qs bytes 8s..8s+7 (weights 16s + i in the low
+    nibbles, 16s + 8 + i in the high ones) and byte s of d, its UE4M3 scale."""
+    table = lookup_table(TABLE, 16)
+    scales = row_word(P0, j, rows, mask, N, 1, 0)
+    acc = tl.zeros(rows.shape, tl.float32)
+    for half in tl.static_range(2):
+        w = words4(P1, j, rows, mask, N, 8, 4 * half)
+        for t in tl.static_range(2):
+            s = 2 * half + t
+            low = tl.zeros(rows.shape, tl.float32)
+            high = tl.zeros(rows.shape, tl.float32)
+            for c in tl.static_range(2):
+                low, high = mac_lookup_nibbles(low, high, w[2 * t + c], table, XB,
+                                               16 * s + 4 * c, 16 * s + 8 + 4 * c)
+            scale = tl.load(TABLE.to(tl.pointer_type(tl.float32)) + 16 + ((scales >> (8 * s)) & 0xFF))
+            acc += scale * (low + high)
+    return acc
+
+
+@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot)
 @triton.jit
 def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # Four sub-blocks of 16 weights, each 8 bytes of nibbles (low ones first) and its own

@@ -1,8 +1,18 @@
 """Kernel family: GEMV for small M, split-K over block columns, float32 accumulation.
 
-Each program dequantizes a tile of BN rows one block column at a time and multiplies it
-with the M_PAD rows of x in registers (no tensor cores: at small M the weight read is the
-whole cost). With SPLIT_K > 1 the partial sums are added atomically into a float32 output.
+Two kernels, both without tensor cores (at small M the weight read is the whole cost):
+
+* `gemv_dot_kernel`, for a type with a `dot` function: each tensor is 1-D over the tile's
+  rows, so a thread owns BN / (32 * num_warps) whole rows and every x value it converts
+  serves all of them. The dot function (formats_*.py) multiplies one block column by x
+  straight from the packed fields, with the block's scales applied once per sub-block, not
+  per weight. A program takes one row of x (grid axis 2): at M up to 8 a weight tile is
+  unpacked once per row of x, and read again from L2. What this buys is measured from the
+  SASS: `scripts/inspect_kernels.py --sass`.
+* `gemv_kernel`, for the other types: the type's dequant tile [BN, BLOCK] times the M_PAD
+  rows of x in registers.
+
+With SPLIT_K > 1 the partial sums are added atomically into a float32 output.
 """
 
 import triton
@@ -19,20 +29,42 @@ def gemv_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om
     ms = tl.arange(0, M_PAD)
     cols = tl.arange(0, BLOCK)
     acc = tl.zeros((M_PAD, BN), dtype=tl.float32)
-    for j in range(tl.program_id(1), B, SPLIT_K):
+    j = tl.program_id(1)
+    while j < B:  # (a while loop: Triton 3.6's interpreter cannot range() from a program id)
         w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
         if M_PAD == 1:
-            # Decode's case: a 2-D product keeps the weight tile in the layout its loads
-            # gave it (the 3-D broadcast below makes threads reload the quants).
+            # A 2-D product keeps the weight tile in the layout its loads gave it (the 3-D
+            # broadcast below makes threads reload the quants).
             x = tl.load(X + j * BLOCK + cols).to(tl.float32)
             acc += tl.sum(w * x[None, :], axis=1)[None, :]
         else:
             x = tl.load(X + ms[:, None] * stride_xm + j * BLOCK + cols[None, :],
                         mask=(ms < M)[:, None], other=0.0).to(tl.float32)  # [M_PAD, BLOCK]
             acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        j += SPLIT_K
     out = OUT + ms[:, None] * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:
         tl.store(out, acc.to(OUT.dtype.element_ty), mask=out_mask)
     else:
         tl.atomic_add(out, acc, mask=out_mask)
+
+
+@triton.jit
+def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, N, B, stride_xm, stride_om,
+                    BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
+                    PARTS: tl.constexpr, DOT: tl.constexpr):
+    X += tl.program_id(2) * stride_xm
+    OUT += tl.program_id(2) * stride_om
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    mask = rows < N
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    i = tl.program_id(1)  # over (block column, part) pairs
+    while i < B * PARTS:
+        j = i // PARTS
+        acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, X + j * BLOCK, i % PARTS, PARTS)
+        i += SPLIT_K
+    if SPLIT_K == 1:
+        tl.store(OUT + rows, acc.to(OUT.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(OUT + rows, acc, mask=mask)

@@ -10,6 +10,18 @@ P0..P4 are the planes in `fields` order (unused ones are any valid pointer), eac
 launch's pointer types are not relied on); `j` is the block column, `rows` the row indices (any, not only a
 contiguous range: the embedding gathers), `mask` which of them are real. The element of
 field f for block (j, n) starts at P_f + (j * N + n) * count.
+
+A type may also have a dot function, for the decode GEMV (gemv.py's gemv_dot_kernel):
+
+    dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS) -> float32 [len(rows)]
+
+the product of part `part` (of PARTS equal runs of weights, PARTS a constexpr) of block
+column j of each row with the same part of x[j * block_size:][:block_size] (XB points at the
+block's first element): the same weights, multiplied straight from the packed fields, with
+the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a block takes
+(a 256-weight block in parts lets a thread own more rows at the same registers); `dot_parts`
+says which PARTS the dot function supports. Without a dot function, the GEMV multiplies the
+dequant tile.
 """
 
 from __future__ import annotations
@@ -29,19 +41,22 @@ class Format:
     fields: tuple[str, ...]
     dequant: object  # a triton JITFunction
     table: Callable[[torch.device], torch.Tensor] | None = None  # lookup table, per device
+    dot: object = None  # a triton JITFunction for the M = 1 GEMV, or None (see below)
+    dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
 
 
 FORMATS: dict[str, Format] = {}
 
 
 def register(name: str, block_size: int, fields: tuple[str, ...],
-             table: Callable[[torch.device], torch.Tensor] | None = None):
+             table: Callable[[torch.device], torch.Tensor] | None = None, dot=None,
+             dot_parts: tuple[int, ...] = (1,)):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
     def wrap(fn):
         assert name not in FORMATS, name
-        FORMATS[name] = Format(name, block_size, fields, fn, table)
+        FORMATS[name] = Format(name, block_size, fields, fn, table, dot, dot_parts)
         return fn
 
     return wrap

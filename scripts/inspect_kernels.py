@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
-"""What every kernel would run on a GPU, read off its PTX: compiles each kernel family for
-each type, ahead of time for sm_80 and sm_90 (no GPU needed), and tabulates vector loads,
-tensor-core instructions and local-memory spills; the raw-layout GEMV (GGUF's own blocks)
-is compiled beside it for contrast.
+"""What every kernel would run on a GPU, read off its compiled code: compiles each kernel
+family for each type, ahead of time for sm_80 and sm_90 (no GPU needed), and tabulates what
+the PTX shows (vector loads, tensor-core instructions, local-memory spills); the raw-layout
+GEMV (GGUF's own blocks) is compiled beside it for contrast.
 
-    python scripts/inspect_kernels.py [--types Q4_0,Q8_0] [--arch 80,90] [--json OUT.json]
+    python scripts/inspect_kernels.py [--types Q4_0,Q8_0] [--arch 80,90] [--families gemv]
+                                      [--sass] [--json OUT.json]
+
+--sass adds, from the SASS of each cubin (Triton's own cuobjdump): the instructions of the
+main loop, the weight bytes one program reads per iteration, warp-instructions per weight
+byte, the bound that puts on the fraction of an H200's bandwidth reachable at batch 1
+(budget 0.218, see gguf_repack_kernels/aot.py), registers, shared memory, programs per SM,
+spills, and the widest global load from each plane. Configurations are the defaults of
+kernels/configs.py for a 4096 x 4096 weight on 132 SMs.
 
 Run without TRITON_INTERPRET (it is removed here): interpreted kernels cannot be compiled.
 """
@@ -18,14 +26,32 @@ import sys
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # each kernel sets its own anyway
 sys.path.insert(0, str(Path(__file__).parent))
 
 from gguf_repack_kernels import FORMATS  # noqa: E402
-from gguf_repack_kernels.aot import FAMILIES, compile_kernel, compile_ptx, ptx_summary  # noqa: E402
+from gguf_repack_kernels.aot import (  # noqa: E402
+    FAMILIES,
+    SHAPE,
+    SMS,
+    compile_family,
+    compile_kernel,
+    load_widths,
+    ptx_summary,
+    sass_summary,
+)
 
 
-def raw_rows(archs) -> list[dict]:
-    """The raw-layout GEMV of each type it has, at the rp1 GEMV's configuration (aot._spec)."""
+def _measure(compiled, cfg, bytes_per_iteration, arg_names, sass: bool) -> dict:
+    row = ptx_summary(compiled.asm["ptx"])
+    if sass:
+        row.update(sass_summary(compiled, cfg["num_warps"], bytes_per_iteration))
+        row["widest_load"] = load_widths(compiled.asm["ptx"], arg_names)
+    return row
+
+
+def raw_rows(archs, sass: bool) -> list[dict]:
+    """The raw-layout GEMV of each type it has, at the generic rp1 GEMV's configuration."""
     from gguf_repack_kernels import configs
     from raw_layout_kernels import RAW_DEQUANT, raw_gemv_kernel
 
@@ -36,13 +62,15 @@ def raw_rows(archs) -> list[dict]:
     rows = []
     for name, dq in RAW_DEQUANT.items():
         qtype = TYPES_BY_NAME[name]
-        cfg = configs.gemv_config(qtype.block_size, 4096, 4096 // qtype.block_size, 132)
+        n, k = SHAPE
+        cfg = configs.gemv_config(qtype.block_size, n, k // qtype.block_size, SMS)
         for arch in archs:
-            ptx = compile_kernel(raw_gemv_kernel, sig, {
+            compiled = compile_kernel(raw_gemv_kernel, sig, {
                 "BLOCK": qtype.block_size, "TYPE_SIZE": qtype.type_size, "BN": cfg["BN"],
                 "M_PAD": 1, "SPLIT_K": cfg["SPLIT_K"], "DQ": dq}, arch, num_warps=cfg["num_warps"])
             rows.append({"type": name, "family": "gemv (raw GGUF blocks)", "arch": arch,
-                         **ptx_summary(ptx)})
+                         **_measure(compiled, cfg, cfg["BN"] * qtype.type_size, list(sig), sass)})
+            print(f"compiled {name} raw gemv sm_{arch}", file=sys.stderr)
     return rows
 
 
@@ -51,24 +79,43 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(sorted(FORMATS)))
     ap.add_argument("--arch", default="80,90")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--sass", action="store_true", help="add the SASS measures")
+    ap.add_argument("--no-raw", action="store_true", help="leave out the raw-layout GEMV")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     archs = [int(a) for a in args.arch.split(",")]
     rows = []
     for name in args.types.split(","):
-        for family in FAMILIES:
+        fields = list(FORMATS[name].fields)
+        for family in args.families.split(","):
             for arch in archs:
+                compiled, cfg, nbytes = compile_family(family, name, arch)
+                arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
                 rows.append({"type": name, "family": family, "arch": arch,
-                             **ptx_summary(compile_ptx(family, name, arch))})
+                             "dot": family.startswith("gemv") and FORMATS[name].dot is not None,
+                             **_measure(compiled, cfg, nbytes, arg_names, args.sass)})
                 print(f"compiled {name} {family} sm_{arch}", file=sys.stderr)
-    rows += raw_rows(archs)
+    if not args.no_raw:
+        rows += raw_rows(archs, args.sass)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    print("| type | family | arch | vector loads | scalar loads | mma / wgmma | spills |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r['type']} | {r['family']} | sm_{r['arch']} | {r['vector_loads']} | "
-              f"{r['scalar_loads']} | {r['mma']} / {r['wgmma']} | {r['spills']} |")
+    if args.sass:
+        print("| type | family | arch | loop instr. | bytes/iter. | instr./byte | bound | "
+              "registers | progs/SM | shared | spills | widest loads (bytes) |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            loads = ", ".join(f"{k} {v}" for k, v in r["widest_load"].items())
+            print(f"| {r['type']} | {r['family']} | sm_{r['arch']} | {r['loop_instructions']} | "
+                  f"{r['weight_bytes_per_iteration']} | {r['warp_instructions_per_byte']:.3f} | "
+                  f"{r['bandwidth_bound']:.2f} | {r['registers']} | {r['programs_per_sm']} | "
+                  f"{r['shared_memory']} | {r['spills']} | {loads} |")
+    else:
+        print("| type | family | arch | vector loads | scalar loads | mma / wgmma | spills |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            print(f"| {r['type']} | {r['family']} | sm_{r['arch']} | {r['vector_loads']} | "
+                  f"{r['scalar_loads']} | {r['mma']} / {r['wgmma']} | {r['spills']} |")
 
 
 if __name__ == "__main__":

@@ -147,11 +147,13 @@ def raw_gemv_kernel(RAW, TABLE, X, OUT, M, N, B, stride_xm, stride_om, BLOCK: tl
     cols = tl.arange(0, BLOCK)
     acc = tl.zeros((M_PAD, BN), dtype=tl.float32)
     row_start = RAW.to(tl.pointer_type(tl.uint8)) + rows.to(tl.int64) * B * TYPE_SIZE
-    for j in range(tl.program_id(1), B, SPLIT_K):
+    j = tl.program_id(1)
+    while j < B:  # (a while loop: Triton 3.6's interpreter cannot range() from a program id)
         w = DQ(row_start + j * TYPE_SIZE, mask, TABLE)  # [BN, BLOCK]
         x = tl.load(X + ms[:, None] * stride_xm + j * BLOCK + cols[None, :],
                     mask=(ms < M)[:, None], other=0.0).to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+        j += SPLIT_K
     out = OUT + ms[:, None] * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:

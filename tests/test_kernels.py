@@ -66,6 +66,49 @@ def test_matmul_and_embedding(name, k_blocks, batches, rng):
     assert torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids])
 
 
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_matmul_of_an_empty_batch(name, rng):
+    qtype = TYPES_BY_NAME[name]
+    n, k = 5, 2 * qtype.block_size
+    _, planes = make_planes(name, (n, k), rng)
+    for x in (torch.empty(0, k), torch.empty(2, 0, k, dtype=torch.float16)):
+        got = kernels.matmul(x, planes, name, (n, k))
+        assert got.shape == (*x.shape[:-1], n) and got.dtype == x.dtype
+
+
+@pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if len(kernels.FORMATS[n].dot_parts) > 1])
+def test_decode_gemv_gives_the_same_product_in_every_partition(name, rng, monkeypatch):
+    """A block in 1, 2, 4 ... calls of the type's dot function (configs.GEMV_PARTS), and more
+    rows per thread: the same x @ W.T within float tolerance."""
+    from gguf_repack_kernels import configs
+
+    qtype = TYPES_BY_NAME[name]
+    n, k = 37, 3 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32))
+    ref = x @ dequantize_planes(planes, qtype).T
+    for parts in kernels.FORMATS[name].dot_parts:
+        for rows in (1, 8):
+            monkeypatch.setitem(configs.GEMV_PARTS, name, parts)
+            monkeypatch.setitem(configs.GEMV_ROWS, name, rows)
+            got = kernels.matmul(x, planes, name, (n, k))
+            assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-5, (parts, rows)
+
+
+def test_decode_lookup_tables_are_gguf_pys():
+    """The GEMV looks FP4 values and NVFP4's UE4M3 scales up in tables of its own; they equal
+    gguf-py's decoding."""
+    import gguf.quants
+    from gguf_repack_kernels.formats_other import e2m1_table, nvfp4_table, ue4m3_halves
+
+    cpu = torch.device("cpu")
+    assert e2m1_table(cpu).tolist() == list(gguf.quants.MXFP4.kvalues)
+    assert nvfp4_table(cpu)[:16].tolist() == list(gguf.quants.NVFP4.kvalues)
+    every_byte = np.arange(256, dtype=np.uint8)
+    assert np.array_equal(ue4m3_halves(), gguf.quants.NVFP4.ue4m3_to_fp32(every_byte).astype(np.float32))
+    assert np.array_equal(nvfp4_table(cpu)[16:].numpy().view(np.float32), ue4m3_halves())
+
+
 @pytest.mark.parametrize("model_name", ["SmolLM2-135M-Instruct.Q4_1.gguf",
                                         "gemma-3-270m-q4_k_m.gguf"])
 def test_real_model_tensors_through_the_triton_backend(model_name, converted):
