@@ -102,6 +102,10 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
     if m <= configs.GEMV_MAX_M and fmt.dot is not None:
         cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(x.device))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
+        if x.device.type != "cuda":
+            # the interpreter runs a program's rows as one array: tiles sized for a GPU's
+            # threads (up to 2048 rows) would mostly compute masked rows
+            cfg["BN"] = min(cfg["BN"], max(32, triton.next_power_of_2(n)))
         split = cfg["SPLIT_K"] > 1
         out = (torch.zeros if split else torch.empty)(m, n, device=x.device,
                                                       dtype=torch.float32 if split else x.dtype)

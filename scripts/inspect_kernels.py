@@ -5,7 +5,7 @@ the PTX shows (vector loads, tensor-core instructions, local-memory spills); the
 GEMV (GGUF's own blocks) is compiled beside it for contrast.
 
     python scripts/inspect_kernels.py [--types Q4_0,Q8_0] [--arch 80,90] [--families gemv]
-                                      [--sass] [--json OUT.json]
+                                      [--sass] [--jobs 2] [--json OUT.json]
 
 --sass adds, from the SASS of each cubin (Triton's own cuobjdump): the instructions of the
 main loop, the weight bytes one program reads per iteration, warp-instructions per weight
@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -50,8 +51,8 @@ def _measure(compiled, cfg, bytes_per_iteration, arg_names, sass: bool) -> dict:
     return row
 
 
-def raw_rows(archs, sass: bool) -> list[dict]:
-    """The raw-layout GEMV of each type it has, at the generic rp1 GEMV's configuration."""
+def _raw_row(name: str, arch: int, sass: bool) -> dict:
+    """The raw-layout GEMV of type `name`, at the generic rp1 GEMV's configuration."""
     from gguf_repack_kernels import configs
     from raw_layout_kernels import RAW_DEQUANT, raw_gemv_kernel
 
@@ -59,19 +60,31 @@ def raw_rows(archs, sass: bool) -> list[dict]:
 
     sig = {"RAW": "*u8", "TABLE": "*i32", "X": "*fp16", "OUT": "*fp32", "M": "i32", "N": "i32",
            "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
-    rows = []
-    for name, dq in RAW_DEQUANT.items():
-        qtype = TYPES_BY_NAME[name]
-        n, k = SHAPE
-        cfg = configs.gemv_config(qtype.block_size, n, k // qtype.block_size, SMS)
-        for arch in archs:
-            compiled = compile_kernel(raw_gemv_kernel, sig, {
-                "BLOCK": qtype.block_size, "TYPE_SIZE": qtype.type_size, "BN": cfg["BN"],
-                "M_PAD": 1, "SPLIT_K": cfg["SPLIT_K"], "DQ": dq}, arch, num_warps=cfg["num_warps"])
-            rows.append({"type": name, "family": "gemv (raw GGUF blocks)", "arch": arch,
-                         **_measure(compiled, cfg, cfg["BN"] * qtype.type_size, list(sig), sass)})
-            print(f"compiled {name} raw gemv sm_{arch}", file=sys.stderr)
-    return rows
+    qtype = TYPES_BY_NAME[name]
+    n, k = SHAPE
+    cfg = configs.gemv_config(qtype.block_size, n, k // qtype.block_size, SMS)
+    compiled = compile_kernel(raw_gemv_kernel, sig, {
+        "BLOCK": qtype.block_size, "TYPE_SIZE": qtype.type_size, "BN": cfg["BN"],
+        "M_PAD": 1, "SPLIT_K": cfg["SPLIT_K"], "DQ": RAW_DEQUANT[name]}, arch,
+        num_warps=cfg["num_warps"])
+    return {"type": name, "family": "gemv (raw GGUF blocks)", "arch": arch,
+            **_measure(compiled, cfg, cfg["BN"] * qtype.type_size, list(sig), sass)}
+
+
+def _row(name: str, family: str, arch: int, sass: bool) -> dict:
+    fields = list(FORMATS[name].fields)
+    compiled, cfg, nbytes = compile_family(family, name, arch)
+    arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
+    return {"type": name, "family": family, "arch": arch,
+            "dot": family.startswith("gemv") and FORMATS[name].dot is not None,
+            **_measure(compiled, cfg, nbytes, arg_names, sass)}
+
+
+def _run(task: tuple) -> dict:
+    kind, *args = task
+    row = _raw_row(*args) if kind == "raw" else _row(*args)
+    print(f"compiled {row['type']} {row['family']} sm_{row['arch']}", file=sys.stderr)
+    return row
 
 
 def main() -> None:
@@ -82,22 +95,22 @@ def main() -> None:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--sass", action="store_true", help="add the SASS measures")
     ap.add_argument("--no-raw", action="store_true", help="leave out the raw-layout GEMV")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="compiles in parallel (each is one core's work)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     archs = [int(a) for a in args.arch.split(",")]
-    rows = []
-    for name in args.types.split(","):
-        fields = list(FORMATS[name].fields)
-        for family in args.families.split(","):
-            for arch in archs:
-                compiled, cfg, nbytes = compile_family(family, name, arch)
-                arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
-                rows.append({"type": name, "family": family, "arch": arch,
-                             "dot": family.startswith("gemv") and FORMATS[name].dot is not None,
-                             **_measure(compiled, cfg, nbytes, arg_names, args.sass)})
-                print(f"compiled {name} {family} sm_{arch}", file=sys.stderr)
+    tasks = [("rp1", name, family, arch, args.sass) for name in args.types.split(",")
+             for family in args.families.split(",") for arch in archs]
     if not args.no_raw:
-        rows += raw_rows(archs, args.sass)
+        from raw_layout_kernels import RAW_DEQUANT
+
+        tasks += [("raw", name, arch, args.sass) for name in RAW_DEQUANT for arch in archs]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(_run, tasks))
+    else:
+        rows = [_run(task) for task in tasks]
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.sass:

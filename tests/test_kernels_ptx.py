@@ -20,7 +20,8 @@ def ptx_rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("ptx") / "kernels.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     subprocess.run([sys.executable, str(ROOT / "scripts" / "inspect_kernels.py"), "--sass",
-                    "--json", str(out)], check=True, env=env, capture_output=True, timeout=1800)
+                    "--jobs", "2", "--json", str(out)],
+                   check=True, env=env, capture_output=True, timeout=1800)
     return json.loads(out.read_text())
 
 
