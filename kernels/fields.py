@@ -259,3 +259,16 @@ def mac_lookup_nibbles(low, high, w, table, XB, LOW: tl.constexpr, HIGH: tl.cons
     high += v5 * x2
     high += v7 * x3
     return low, high
+
+
+@triton.jit
+def lookup_run_dot(table, P, j, rows, mask, N, XB, COUNT: tl.constexpr, FIRST):
+    """sum(table[q] x) over a run of 16 bytes of nibbles (words FIRST..FIRST+3 of a field of
+    COUNT words) holding 32 weights in ggml's order (byte i: weights i and 16 + i), x from
+    XB: the product of IQ4_NL's and MXFP4's blocks, and of an IQ4_XS sub-block."""
+    w = words4(P, j, rows, mask, N, COUNT, FIRST)
+    low = tl.zeros(rows.shape, tl.float32)
+    high = tl.zeros(rows.shape, tl.float32)
+    for c in tl.static_range(4):
+        low, high = mac_lookup_nibbles(low, high, w[c], table, XB, 4 * c, 16 + 4 * c)
+    return low + high

@@ -24,13 +24,12 @@ from .fields import (
     field,
     field_f16,
     field_run,
+    lookup_run_dot,
     lookup_table,
-    mac_lookup_nibbles,
     nibbles,
     row_u16,
     row_word,
     scale_f16,
-    words4,
 )
 from .registry import register
 
@@ -152,13 +151,8 @@ def scale_2bit(d, s):
 
 @triton.jit
 def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
-    table = lookup_table(TABLE, 16)
-    w = words4(P1, j, rows, mask, N, 4, 0)
-    low = tl.zeros(rows.shape, tl.float32)
-    high = tl.zeros(rows.shape, tl.float32)
-    for c in tl.static_range(4):
-        low, high = mac_lookup_nibbles(low, high, w[c], table, XB, 4 * c, 16 + 4 * c)
-    return scale_f16(P0, j, rows, mask, N) * (low + high)
+    s = lookup_run_dot(lookup_table(TABLE, 16), P1, j, rows, mask, N, XB, 4, 0)
+    return scale_f16(P0, j, rows, mask, N) * s
 
 
 @register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot)
@@ -180,13 +174,9 @@ def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.
     acc = tl.zeros(rows.shape, tl.float32)
     for t in tl.static_range(SUBS):
         sub = SUBS * part + t
-        w = words4(P3, j, rows, mask, N, 32, 4 * sub)
-        low = tl.zeros(rows.shape, tl.float32)
-        high = tl.zeros(rows.shape, tl.float32)
-        for c in tl.static_range(4):
-            low, high = mac_lookup_nibbles(low, high, w[c], table, XB + 32 * sub, 4 * c, 16 + 4 * c)
+        s = lookup_run_dot(table, P3, j, rows, mask, N, XB + 32 * sub, 32, 4 * sub)
         scale = ((low_bits >> (4 * sub)) & 15) | (((high_bits >> (2 * sub)) & 3) << 4)
-        acc += (scale - 32).to(tl.float32) * (low + high)
+        acc += (scale - 32).to(tl.float32) * s
     return scale_f16(P0, j, rows, mask, N) * acc
 
 

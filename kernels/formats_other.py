@@ -15,6 +15,7 @@ from .fields import (
     field_bytes,
     field_f16,
     field_run,
+    lookup_run_dot,
     lookup_table,
     mac4,
     mac_lookup_nibbles,
@@ -151,13 +152,8 @@ def nvfp4_table(device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
-    table = lookup_table(TABLE, 16)
-    w = words4(P1, j, rows, mask, N, 4, 0)
-    low = tl.zeros(rows.shape, tl.float32)
-    high = tl.zeros(rows.shape, tl.float32)
-    for c in tl.static_range(4):
-        low, high = mac_lookup_nibbles(low, high, w[c], table, XB, 4 * c, 16 + 4 * c)
-    return e8m0_half(row_u8(P0, j, rows, mask, N)) * (low + high)
+    s = lookup_run_dot(lookup_table(TABLE, 16), P1, j, rows, mask, N, XB, 4, 0)
+    return e8m0_half(row_u8(P0, j, rows, mask, N)) * s
 
 
 @register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot)
