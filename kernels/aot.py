@@ -101,11 +101,6 @@ def compile_family(family: str, type_name: str, capability: int = 90, act: str =
     return compiled, cfg, round(rows * type_size)
 
 
-def compile_ptx(family: str, type_name: str, capability: int = 90, act: str = "fp16") -> str:
-    """PTX of kernel `family` for type `type_name` on sm_<capability> (activations `act`)."""
-    return compile_family(family, type_name, capability, act)[0].asm["ptx"]
-
-
 def compile_kernel(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,
                    fp_fusion: bool = True, maxnreg: int | None = None):
     """Any @triton.jit kernel, compiled: `sig` types its runtime arguments (marked

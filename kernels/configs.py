@@ -34,7 +34,7 @@ def gemm_config(block_size: int, m: int) -> dict:
     return {"BM": bm, "BN": 64 if block_size <= 32 else 32, "num_warps": 4}
 
 
-# The M = 1 GEMV (gemv_dot_kernel). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
+# The dot GEMV (gemv_dot_kernel, M <= GEMV_MAX_M). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
 # every x value a thread converts serves all its rows, so more rows mean fewer instructions
 # per weight byte, more registers and fewer programs. A 256-weight block can be taken in
 # PARTS calls, each a loop iteration, which keeps the registers of more rows in bounds.

@@ -89,6 +89,14 @@ def _multiprocessors(device: torch.device) -> int:
     return 1  # the interpreter: no parallel hardware to fill
 
 
+def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
+    """The GEMVs' output: with split K, partial sums are added atomically, so it starts as
+    zeros in float32."""
+    if split_k > 1:
+        return torch.zeros(m, n, device=x.device, dtype=torch.float32)
+    return torch.empty(m, n, device=x.device, dtype=x.dtype)
+
+
 def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape) -> torch.Tensor:
     """x @ W.T for a 2-D weight of torch shape (N, K): (..., K) -> (..., N) in x's dtype."""
     fmt = _format(type_name)
@@ -106,9 +114,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
             # the interpreter runs a program's rows as one array: tiles sized for a GPU's
             # threads (up to 2048 rows) would mostly compute masked rows
             cfg["BN"] = min(cfg["BN"], max(32, triton.next_power_of_2(n)))
-        split = cfg["SPLIT_K"] > 1
-        out = (torch.zeros if split else torch.empty)(m, n, device=x.device,
-                                                      dtype=torch.float32 if split else x.dtype)
+        out = _gemv_output(m, n, cfg["SPLIT_K"], x)
         grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
         gemv_dot_kernel[grid](*args, x2, out, n, b, x2.stride(0), out.stride(0),
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
@@ -116,9 +122,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
     elif m <= configs.GEMV_MAX_M:
         m_pad = triton.next_power_of_2(max(m, 1))
         cfg = configs.gemv_config(fmt.block_size, n, b, _multiprocessors(x.device))
-        split = cfg["SPLIT_K"] > 1
-        out = (torch.zeros if split else torch.empty)(m, n, device=x.device,
-                                                      dtype=torch.float32 if split else x.dtype)
+        out = _gemv_output(m, n, cfg["SPLIT_K"], x)
         grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
         gemv_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BN=cfg["BN"], M_PAD=m_pad,

@@ -11,7 +11,7 @@ launch's pointer types are not relied on); `j` is the block column, `rows` the r
 contiguous range: the embedding gathers), `mask` which of them are real. The element of
 field f for block (j, n) starts at P_f + (j * N + n) * count.
 
-A type may also have a dot function, for the decode GEMV (gemv.py's gemv_dot_kernel):
+A type may also have a dot function, for the GEMV at M <= 8 (gemv.py's gemv_dot_kernel):
 
     dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS) -> float32 [len(rows)]
 
@@ -41,7 +41,7 @@ class Format:
     fields: tuple[str, ...]
     dequant: object  # a triton JITFunction
     table: Callable[[torch.device], torch.Tensor] | None = None  # lookup table, per device
-    dot: object = None  # a triton JITFunction for the M = 1 GEMV, or None (see below)
+    dot: object = None  # a triton JITFunction for the GEMV (M <= 8), or None (see below)
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
 
 
