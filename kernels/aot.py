@@ -69,8 +69,9 @@ def _spec(family: str, fmt, act: str):
         # a program per row of x: at M = 8 each weight byte is unpacked by 8 programs
         m = 1 if family == "gemv" else 8
         cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, SMS)
-        sig = {**planes, "X": f"*{act}", "OUT": "*fp32", "N": "i32", "B": "i32",
-               "stride_xm": "i32", "stride_om": "i32"}
+        # x comes float32 from prepare_x_kernel, whatever the activations' dtype
+        sig = {**planes, "XF": "*fp32", "XS": "*fp32", "OUT": "*fp32", "N": "i32", "B": "i32",
+               "stride_om": "i32"}
         return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot}, cfg, cfg["BN"] / cfg["PARTS"] / m

@@ -35,13 +35,13 @@ def gemm_config(block_size: int, m: int) -> dict:
 
 
 # The dot GEMV (gemv_dot_kernel, M <= GEMV_MAX_M). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
-# every x value a thread converts serves all its rows, so more rows mean fewer instructions
+# every x value a thread loads serves all its rows, so more rows mean fewer instructions
 # per weight byte, more registers and fewer programs. A 256-weight block can be taken in
 # PARTS calls, each a loop iteration, which keeps the registers of more rows in bounds.
 # Chosen from scripts/inspect_kernels.py --sass (instructions per byte under the H200
 # budget, registers under 128 so that 4 programs fit an SM, no spills); the defaults are
 # 4 rows, whole blocks.
-GEMV_ROWS = {"Q5_0": 16, "Q5_1": 8, "Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ2_0": 2}
+GEMV_ROWS = {"Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ2_0": 2}
 GEMV_PARTS = {"IQ4_XS": 4}
 
 

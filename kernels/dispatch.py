@@ -13,7 +13,7 @@ from . import configs
 from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
-from .gemv import gemv_dot_kernel, gemv_kernel
+from .gemv import gemv_dot_kernel, gemv_kernel, prepare_x_kernel
 from .registry import FORMATS, MAX_PLANES, Format
 
 # Each module registers its types on import.
@@ -114,9 +114,12 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
             # the interpreter runs a program's rows as one array: tiles sized for a GPU's
             # threads (up to 2048 rows) would mostly compute masked rows
             cfg["BN"] = min(cfg["BN"], max(32, triton.next_power_of_2(n)))
+        xf = torch.empty(m, k, device=x.device, dtype=torch.float32)
+        xs = torch.empty(m, k // 16, device=x.device, dtype=torch.float32)
+        prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), BK=1024)
         out = _gemv_output(m, n, cfg["SPLIT_K"], x)
         grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
-        gemv_dot_kernel[grid](*args, x2, out, n, b, x2.stride(0), out.stride(0),
+        gemv_dot_kernel[grid](*args, xf, xs, out, n, b, out.stride(0),
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
                               PARTS=cfg["PARTS"], DOT=fmt.dot, num_warps=cfg["num_warps"])
     elif m <= configs.GEMV_MAX_M:

@@ -56,7 +56,7 @@ def nibbles(b):
     return concat(b & 0x0F, b >> 4)
 
 
-# --- GEMV helpers (M = 1): one row per tensor element, scalars of x, exact integer fields ---
+# --- GEMV helpers (M <= 8): one row per tensor element, scalars of x, exact integer fields ---
 #
 # The decode GEMV keeps every tensor 1-D over the tile's rows (no layout conversions, each
 # thread owns whole rows), reads x as uniform scalars (one conversion per value per thread,
@@ -105,14 +105,24 @@ def row_word(P, j, rows, mask, N, COUNT: tl.constexpr, WORD: tl.constexpr):
 
 @triton.jit
 def x4(XB, AT: tl.constexpr):
-    """x[AT..AT+3] of the block at XB as four float32 scalars (one vector load)."""
+    """x[AT..AT+3] of the block at XB (prepare_x_kernel's float32 x) as four float32 scalars
+    (one vector load)."""
     v = tl.reshape(tl.load(XB + AT + tl.arange(0, 4)), (2, 2))
     a, b = tl.split(v)
     x0, x2 = tl.split(a)
     x1, x3 = tl.split(b)
-    # converted after the split, each where it is used: the loads are what ptxas hoists, and
-    # x held in its own dtype until then takes fewer registers
-    return x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def x_sum(SB, AT: tl.constexpr, COUNT: tl.constexpr):
+    """x[AT] + ... + x[AT + COUNT - 1] of the block, from prepare_x_kernel's sums of 16 (SB
+    points at the block's first; AT and COUNT multiples of 16): what a sub-block's min
+    multiplies."""
+    if COUNT == 16:
+        return tl.load(SB + AT // 16)
+    else:
+        return tl.sum(tl.load(SB + AT // 16 + tl.arange(0, COUNT // 16)))
 
 
 @triton.jit
@@ -147,48 +157,43 @@ def field_value(w, P: tl.constexpr, WIDTH: tl.constexpr, OFFSET: tl.constexpr, Z
 
 
 @triton.jit
-def mac4(acc, xs, w, XB, AT: tl.constexpr, P: tl.constexpr, STEP: tl.constexpr,
+def mac4(acc, w, XB, AT: tl.constexpr, P: tl.constexpr, STEP: tl.constexpr,
          WIDTH: tl.constexpr, OFFSET: tl.constexpr, Z):
-    """Four WIDTH-bit fields of word w, at bits P, P + STEP, P + 2 STEP, P + 3 STEP, less
-    OFFSET, times x[AT..AT+3], added to acc; also xs + x[AT] + ... + x[AT+3] (for the types
-    whose sub-blocks have a min: their GEMV needs the sums of x, and dead code costs nothing
-    where it is not used)."""
+    """acc + four WIDTH-bit fields of word w, at bits P, P + STEP, P + 2 STEP, P + 3 STEP,
+    less OFFSET, times x[AT..AT+3]."""
     x0, x1, x2, x3 = x4(XB, AT)
     acc += field_value(w, P, WIDTH, OFFSET, Z) * x0
     acc += field_value(w, P + STEP, WIDTH, OFFSET, Z) * x1
     acc += field_value(w, P + 2 * STEP, WIDTH, OFFSET, Z) * x2
     acc += field_value(w, P + 3 * STEP, WIDTH, OFFSET, Z) * x3
-    return acc, xs + ((x0 + x1) + (x2 + x3))
+    return acc
 
 
 @triton.jit
-def mac_nibbles(low, x_low, high, x_high, w, XB, LOW: tl.constexpr, HIGH: tl.constexpr,
+def mac_nibbles(low, high, w, XB, LOW: tl.constexpr, HIGH: tl.constexpr,
                 OFFSET: tl.constexpr, Z):
     """The 8 nibbles of word w (4 bytes) less OFFSET times their x: byte b's low nibble
     multiplies x[LOW + b] into `low`, its high nibble x[HIGH + b] into `high` (ggml's split
-    of a run of bytes into two runs of weights); x_low and x_high add up those x. The three
-    nibbles above bit 19 are read from w >> 16: one shift for all of them."""
+    of a run of bytes into two runs of weights). The three nibbles above bit 19 are read
+    from w >> 16: one shift for all of them."""
     t = shr(w, 16)
     x0, x1, x2, x3 = x4(XB, LOW)
     low += field_value(w, 0, 4, OFFSET, Z) * x0
     low += field_value(w, 8, 4, OFFSET, Z) * x1
     low += field_value(w, 16, 4, OFFSET, Z) * x2
     low += field_value(t, 8, 4, OFFSET, Z) * x3
-    x_low += (x0 + x1) + (x2 + x3)
     x0, x1, x2, x3 = x4(XB, HIGH)
     high += field_value(w, 4, 4, OFFSET, Z) * x0
     high += field_value(w, 12, 4, OFFSET, Z) * x1
     high += field_value(t, 4, 4, OFFSET, Z) * x2
     high += field_value(t, 12, 4, OFFSET, Z) * x3
-    x_high += (x0 + x1) + (x2 + x3)
-    return low, x_low, high, x_high
+    return low, high
 
 
 @triton.jit
 def mac_bytes(acc, w, XB, AT: tl.constexpr, OFFSET: tl.constexpr, Z):
     """acc + the 4 bytes of word w less OFFSET times x[AT..AT+3]."""
-    acc, _ = mac4(acc, 0.0, w, XB, AT, 0, 8, 8, OFFSET, Z)
-    return acc
+    return mac4(acc, w, XB, AT, 0, 8, 8, OFFSET, Z)
 
 
 @triton.jit

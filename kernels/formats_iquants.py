@@ -150,7 +150,7 @@ def scale_2bit(d, s):
 
 
 @triton.jit
-def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     s = lookup_run_dot(lookup_table(TABLE, 16), P1, j, rows, mask, N, XB, 4, 0)
     return scale_f16(P0, j, rows, mask, N) * s
 
@@ -163,7 +163,7 @@ def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     """The 256 // PARTS weights of part `part`: 8 sub-blocks of 32 in all, each 16 qs bytes
     (low nibbles, then high ones) and a 6-bit scale less 32, its low 4 bits in scales_l and
     its high 2 in scales_h."""

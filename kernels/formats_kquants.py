@@ -14,6 +14,7 @@ from .fields import (
     scale_f16,
     shr,
     words4,
+    x_sum,
 )
 from .registry import register
 
@@ -106,7 +107,7 @@ def k_scale_min(w0, w1, w2, i):
 
 
 @triton.jit
-def q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS: tl.constexpr,
+def q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr,
               FIFTH: tl.constexpr):
     """Q4_K/Q5_K, the 4 / PARTS groups of 64 weights of part `part`: d * sum(scale_i
     sum_i(q x)) - dmin * sum(min_i sum_i(x)) over their sub-blocks of 32. Group g's 32 qs
@@ -125,8 +126,6 @@ def q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS: tl.constexp
         XG = XB + 64 * g
         low = tl.zeros(rows.shape, tl.float32)
         high = tl.zeros(rows.shape, tl.float32)
-        x_low = 0.0
-        x_high = 0.0
         for h in tl.static_range(2):
             w = words4(qs_plane, j, rows, mask, N, 32, 8 * g + 4 * h)
             if FIFTH:
@@ -137,32 +136,31 @@ def q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS: tl.constexp
                     bits = shr(qh[c], 2 * g)  # bits 2g and 2g + 1 of each byte, to bits 0, 1
                     lo = (w[c] & 0x0F0F0F0F) | ((bits << 4) & 0x10101010)
                     hi = (shr(w[c], 4) & 0x0F0F0F0F) | ((bits << 3) & 0x10101010)
-                    low, x_low = mac4(low, x_low, lo, XG, i, 0, 8, 5, 0, z)
-                    high, x_high = mac4(high, x_high, hi, XG, i + 32, 0, 8, 5, 0, z)
+                    low = mac4(low, lo, XG, i, 0, 8, 5, 0, z)
+                    high = mac4(high, hi, XG, i + 32, 0, 8, 5, 0, z)
                 else:
-                    low, x_low, high, x_high = mac_nibbles(low, x_low, high, x_high, w[c], XG,
-                                                           i, i + 32, 0, z)
+                    low, high = mac_nibbles(low, high, w[c], XG, i, i + 32, 0, z)
         sc, mn = k_scale_min(s0, s1, s2, 2 * g)
         by_scale += sc * low
-        by_min += mn * x_low
+        by_min += mn * x_sum(SB, 64 * g, 32)
         sc, mn = k_scale_min(s0, s1, s2, 2 * g + 1)
         by_scale += sc * high
-        by_min += mn * x_high
+        by_min += mn * x_sum(SB, 64 * g + 32, 32)
     return scale_f16(P0, j, rows, mask, N) * by_scale - scale_f16(P1, j, rows, mask, N) * by_min
 
 
 @triton.jit
-def q4_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
-    return q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS, False)
+def q4_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    return q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, SB, part, PARTS, False)
 
 
 @triton.jit
-def q5_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
-    return q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, part, PARTS, True)
+def q5_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    return q45_k_dot(P0, P1, P2, P3, P4, j, rows, mask, N, XB, SB, part, PARTS, True)
 
 
 @triton.jit
-def q2_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def q2_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     """Q2_K, half n of the block per call (PARTS 2) or both (PARTS 1): weights 128n + 32k + l
     are bits 2k..2k+1 of qs byte 32n + l; sub-block 8n + 2k + l // 16 has 4-bit scale and
     min in its scale byte: d * sum(scale sum(q x)) - dmin * sum(min sum(x))."""
@@ -176,10 +174,8 @@ def q2_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.co
             w = words4(P1, j, rows, mask, N, 16, 8 * n + 4 * half)
             for k in tl.static_range(4):
                 s = tl.zeros(rows.shape, tl.float32)
-                xs = 0.0
                 for c in tl.static_range(4):
-                    s, xs = mac4(s, xs, w[c], XB + 128 * n, 32 * k + 16 * half + 4 * c, 2 * k, 8,
-                                 2, 0, z)
+                    s = mac4(s, w[c], XB + 128 * n, 32 * k + 16 * half + 4 * c, 2 * k, 8, 2, 0, z)
                 # sub-block 8n + 2k + half: byte (2k + half) % 4 of scale word 2n + k // 2
                 if PARTS == 1:
                     word = sc_words[2 * nn + k // 2]
@@ -187,7 +183,7 @@ def q2_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.co
                     word = tl.where(part == 0, sc_words[k // 2], sc_words[2 + k // 2])
                 byte = shr(word, 8 * ((2 * k + half) % 4))
                 by_scale += (byte & 15).to(tl.float32) * s
-                by_min += ((byte >> 4) & 15).to(tl.float32) * xs
+                by_min += ((byte >> 4) & 15).to(tl.float32) * x_sum(SB, 128 * n + 32 * k + 16 * half, 16)
     return scale_f16(P2, j, rows, mask, N) * by_scale - scale_f16(P3, j, rows, mask, N) * by_min
 
 
@@ -201,7 +197,7 @@ def q3_k_scale(w0, w1, w2, S: tl.constexpr):
 
 
 @triton.jit
-def q3_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def q3_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     """Q3_K (PARTS 1): weights 128n + 32k + l are bits 2k..2k+1 of qs byte 32n + l and bit
     4n + k of hmask byte l (set: +0, clear: -4), assembled in place as one 3-bit field less 4;
     sub-block 8n + 2k + l // 16 has a 6-bit scale less 32: d * sum(scale sum(q x))."""
@@ -223,11 +219,11 @@ def q3_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.co
                     if k < 3:
                         high = shifted(hm[c], k + 2 - 4 * n) & (0x04040404 << (2 * k))
                         q = (w[c] & (0x03030303 << (2 * k))) | high
-                        s, _ = mac4(s, 0.0, q, XB, first, 2 * k, 8, 3, 4, z)
+                        s = mac4(s, q, XB, first, 2 * k, 8, 3, 4, z)
                     else:
                         high = shifted(hm[c], 3 - 4 * n) & 0x40404040
                         q = (shr(w[c], 2) & 0x30303030) | high
-                        s, _ = mac4(s, 0.0, q, XB, first, 4, 8, 3, 4, z)
+                        s = mac4(s, q, XB, first, 4, 8, 3, 4, z)
                 acc += q3_k_scale(s0, s1, s2, 8 * n + 2 * k + half) * s
     return scale_f16(P3, j, rows, mask, N) * acc
 
@@ -239,7 +235,7 @@ def signed_byte(w, B: tl.constexpr):
 
 
 @triton.jit
-def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     """Q6_K (a whole block: PARTS 1): d * sum(scale_i sum_i((q - 32) x)) over 16 sub-blocks
     of 16. Half n's weights
     128n + 32k + l (k < 4, l < 32) take 4 bits from ql byte 64n + l (k even) or 64n + 32 + l
@@ -261,7 +257,7 @@ def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.co
                     else:
                         q = shr(ql, 4) & 0x0F0F0F0F
                     q |= shifted(qh[c], 4 - 2 * k) & 0x30303030
-                    s, _ = mac4(s, 0.0, q, XB, 128 * n + 32 * k + 16 * half + 4 * c, 0, 8, 6, 32, z)
+                    s = mac4(s, q, XB, 128 * n + 32 * k + 16 * half + 4 * c, 0, 8, 6, 32, z)
                 # the scale of these 16 weights: byte 8n + 2k + half of the 16
                 acc += signed_byte(sc[2 * n + k // 2], (2 * k + half) % 4) * s
     return scale_f16(P3, j, rows, mask, N) * acc

@@ -17,29 +17,27 @@ from .fields import (
     shr,
     spread4,
     words4,
+    x_sum,
 )
 from .registry import register
 
 
 @triton.jit
 def nibbles_dot(P, j, rows, mask, N, XB, OFFSET: tl.constexpr):
-    """sum((q - OFFSET) x) and sum(x) over a block of 16 bytes of nibbles (ggml's order:
-    byte i holds weights i and 16 + i)."""
+    """sum((q - OFFSET) x) over a block of 16 bytes of nibbles (ggml's order: byte i holds
+    weights i and 16 + i)."""
     w = words4(P, j, rows, mask, N, 4, 0)
     low = tl.zeros(rows.shape, tl.float32)
     high = tl.zeros(rows.shape, tl.float32)
-    x_low = 0.0
-    x_high = 0.0
     z = opaque_zero(N)
     for c in tl.static_range(4):
-        low, x_low, high, x_high = mac_nibbles(low, x_low, high, x_high, w[c], XB, 4 * c,
-                                               16 + 4 * c, OFFSET, z)
-    return low + high, x_low + x_high
+        low, high = mac_nibbles(low, high, w[c], XB, 4 * c, 16 + 4 * c, OFFSET, z)
+    return low + high
 
 
 @triton.jit
-def q4_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
-    s, _ = nibbles_dot(P1, j, rows, mask, N, XB, 8)
+def q4_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    s = nibbles_dot(P1, j, rows, mask, N, XB, 8)
     return scale_f16(P0, j, rows, mask, N) * s
 
 
@@ -60,10 +58,10 @@ def fifth_bits(P, j, rows, mask, N):
 
 
 @triton.jit
-def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     # d * q + m per weight: d * sum(q x) + m * sum(x)
-    s, xs = nibbles_dot(P2, j, rows, mask, N, XB, 0)
-    return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * xs
+    s = nibbles_dot(P2, j, rows, mask, N, XB, 0)
+    return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * x_sum(SB, 0, 32)
 
 
 @register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot)
@@ -77,33 +75,32 @@ def q4_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 @triton.jit
 def q5_dot(qh_plane, qs_plane, j, rows, mask, N, XB, OFFSET: tl.constexpr):
-    """Q5_0/Q5_1's sum(q * x) and sum(x): byte b of qs word c holds weights 4c + b (low
+    """Q5_0/Q5_1's sum(q * x): byte b of qs word c holds weights 4c + b (low
     nibble) and 16 + 4c + b (high nibble), whose fifth bits are bits 4c + b and 16 + 4c + b
     of qh; each byte's 5-bit value is assembled in place, then read as one field."""
     qh = row_word(qh_plane, j, rows, mask, N, 1, 0)
     w = words4(qs_plane, j, rows, mask, N, 4, 0)
     s = tl.zeros(rows.shape, tl.float32)
-    xs = 0.0
     z = opaque_zero(N)
     qh = qh | (w[0] & z)
     for c in tl.static_range(4):
         low = (w[c] & 0x0F0F0F0F) | spread4(shr(qh, 4 * c))
         high = (shr(w[c], 4) & 0x0F0F0F0F) | spread4(shr(qh, 16 + 4 * c))
-        s, xs = mac4(s, xs, low, XB, 4 * c, 0, 8, 5, OFFSET, z)
-        s, xs = mac4(s, xs, high, XB, 16 + 4 * c, 0, 8, 5, OFFSET, z)
-    return s, xs
+        s = mac4(s, low, XB, 4 * c, 0, 8, 5, OFFSET, z)
+        s = mac4(s, high, XB, 16 + 4 * c, 0, 8, 5, OFFSET, z)
+    return s
 
 
 @triton.jit
-def q5_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
-    s, _ = q5_dot(P1, P2, j, rows, mask, N, XB, 16)
+def q5_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    s = q5_dot(P1, P2, j, rows, mask, N, XB, 16)
     return scale_f16(P0, j, rows, mask, N) * s
 
 
 @triton.jit
-def q5_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
-    s, xs = q5_dot(P2, P3, j, rows, mask, N, XB, 0)
-    return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * xs
+def q5_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    s = q5_dot(P2, P3, j, rows, mask, N, XB, 0)
+    return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * x_sum(SB, 0, 32)
 
 
 @register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot)
@@ -124,7 +121,7 @@ def q5_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q8_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def q8_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     s = tl.zeros(rows.shape, tl.float32)
     z = opaque_zero(N)
     for half in tl.static_range(2):

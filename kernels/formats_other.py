@@ -62,7 +62,7 @@ def tq1_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def tq2_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def tq2_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     # weight 128h + 32g + l: bits 2g..2g+1 of byte 32h + l, less 1
     z = opaque_zero(N)
     s = tl.zeros(rows.shape, tl.float32)
@@ -71,8 +71,7 @@ def tq2_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.c
             w = words4(P0, j, rows, mask, N, 16, 8 * h + 4 * q)
             for g in tl.static_range(4):
                 for c in tl.static_range(4):
-                    s, _ = mac4(s, 0.0, w[c], XB, 128 * h + 32 * g + 16 * q + 4 * c, 2 * g, 8, 2,
-                                1, z)
+                    s = mac4(s, w[c], XB, 128 * h + 32 * g + 16 * q + 4 * c, 2 * g, 8, 2, 1, z)
     return scale_f16(P1, j, rows, mask, N) * s
 
 
@@ -151,7 +150,7 @@ def nvfp4_table(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     s = lookup_run_dot(lookup_table(TABLE, 16), P1, j, rows, mask, N, XB, 4, 0)
     return e8m0_half(row_u8(P0, j, rows, mask, N)) * s
 
@@ -164,7 +163,7 @@ def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def nvfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS: tl.constexpr):
+def nvfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     """Four sub-blocks of 16: sub-block s is qs bytes 8s..8s+7 (weights 16s + i in the low
     nibbles, 16s + 8 + i in the high ones) and byte s of d, its UE4M3 scale."""
     table = lookup_table(TABLE, 16)

@@ -2,7 +2,8 @@
 
 Two kernels, both without tensor cores (at small M the weight read is the whole cost):
 
-* `gemv_dot_kernel`, for a type with a `dot` function: each tensor is 1-D over the tile's
+* `gemv_dot_kernel`, for a type with a `dot` function, after `prepare_x_kernel` has made x
+  float32 with its sums of 16 (for the sub-blocks' mins): each tensor is 1-D over the tile's
   rows, so a thread owns BN / (32 * num_warps) whole rows and every x value it converts
   serves all of them. The dot function (formats_*.py) multiplies one block column by x
   straight from the packed fields, with the block's scales applied once per sub-block, not
@@ -51,10 +52,29 @@ def gemv_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om
 
 
 @triton.jit
-def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, N, B, stride_xm, stride_om,
+def prepare_x_kernel(X, XF, XS, K, stride_xm, BK: tl.constexpr):
+    """The dot GEMV's x: row program_id(0) of X as float32 into XF [M, K], and the sum of
+    every 16 of its values into XS [M, K // 16] (K is a multiple of 32). Done once here, not
+    by every thread of the GEMV for its own rows: there each conversion and each sum of x
+    cost as much issue as a weight's FFMA (llama.cpp's quantize_q8_1 is the same idea)."""
+    m = tl.program_id(0)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    live = cols < K
+    x = tl.load(X + m * stride_xm + cols, mask=live, other=0.0).to(tl.float32)
+    tl.store(XF + m * K + cols, x, mask=live)
+    sums = tl.sum(tl.reshape(x, (BK // 16, 16)), axis=1)
+    groups = tl.program_id(1) * (BK // 16) + tl.arange(0, BK // 16)
+    tl.store(XS + m * (K // 16) + groups, sums, mask=groups < K // 16)
+
+
+@triton.jit
+def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, stride_om,
                     BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
                     PARTS: tl.constexpr, DOT: tl.constexpr):
-    X += tl.program_id(2) * stride_xm
+    # XF, XS: prepare_x_kernel's float32 x and its sums of 16, rows of B * BLOCK and
+    # B * BLOCK // 16
+    XF += tl.program_id(2) * B * BLOCK
+    XS += tl.program_id(2) * B * (BLOCK // 16)
     OUT += tl.program_id(2) * stride_om
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask = rows < N
@@ -62,7 +82,8 @@ def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, N, B, stride_xm, stride_o
     i = tl.program_id(1)  # over (block column, part) pairs
     while i < B * PARTS:
         j = i // PARTS
-        acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, X + j * BLOCK, i % PARTS, PARTS)
+        acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + j * BLOCK,
+                   XS + j * (BLOCK // 16), i % PARTS, PARTS)
         i += SPLIT_K
     if SPLIT_K == 1:
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty), mask=mask)

@@ -13,7 +13,7 @@ field f for block (j, n) starts at P_f + (j * N + n) * count.
 
 A type may also have a dot function, for the GEMV at M <= 8 (gemv.py's gemv_dot_kernel):
 
-    dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, part, PARTS) -> float32 [len(rows)]
+    dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS) -> float32 [len(rows)]
 
 the product of part `part` (of PARTS equal runs of weights, PARTS a constexpr) of block
 column j of each row with the same part of x[j * block_size:][:block_size] (XB points at the

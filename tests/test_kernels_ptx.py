@@ -87,7 +87,7 @@ ISSUE_FLOORS = {**dict.fromkeys(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K",
                 **dict.fromkeys(["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"], 0.7)}
 # Not there yet (BENCHMARKS.md says why): held at what they reach now, so that nothing slips
 # back unnoticed. Raising these to the issue's floors is open work.
-NOT_YET = {"Q4_K": 0.8, "Q5_K": 0.8, "Q2_K": 0.45, "Q3_K": 0.55,
+NOT_YET = {"Q2_K": 0.55, "Q3_K": 0.6,
            "IQ1_S": 0.07, "IQ1_M": 0.07, "IQ2_XXS": 0.08, "IQ2_XS": 0.07, "IQ2_S": 0.08,
            "IQ3_XXS": 0.12, "IQ3_S": 0.1, "TQ1_0": 0.1}
 MAIN_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
