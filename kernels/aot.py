@@ -32,12 +32,11 @@ from . import configs
 from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
-from .gemv import gemv_dot_kernel, gemv_kernel
+from .gemv import gemv_dot_kernel
 from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
-# gemv: the GEMV at M = 1 (decode), gemv_m8 at M = 8; each with the type's dot function where
-# it has one
+# gemv: the GEMV at M = 1 (decode), gemv_m8 at M = 8, both the type's dot function
 FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "embedding")
 
 H200_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)
@@ -65,7 +64,7 @@ def _spec(family: str, fmt, act: str):
                                          "DQ": fmt.dequant}, cfg, cfg["BI"]
     common = {**planes, "X": f"*{act}", "OUT": "*fp32", "M": "i32", "N": "i32", "B": "i32",
               "stride_xm": "i32", "stride_om": "i32"}
-    if family in ("gemv", "gemv_m8") and fmt.dot is not None:
+    if family in ("gemv", "gemv_m8"):
         # a program per row of x: at M = 8 each weight byte is unpacked by 8 programs
         m = 1 if family == "gemv" else 8
         cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, SMS)
@@ -75,11 +74,6 @@ def _spec(family: str, fmt, act: str):
         return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot}, cfg, cfg["BN"] / cfg["PARTS"] / m
-    if family in ("gemv", "gemv_m8"):
-        cfg = configs.gemv_config(block_size, n, k // block_size, SMS)
-        return gemv_kernel, common, {"BLOCK": block_size, "BN": cfg["BN"],
-                                     "M_PAD": 1 if family == "gemv" else 8,
-                                     "SPLIT_K": cfg["SPLIT_K"], "DQ": fmt.dequant}, cfg, cfg["BN"]
     if family == "gemm":
         cfg = configs.gemm_config(block_size, 64)
         return gemm_kernel, {**common, "OUT": f"*{act}"}, {

@@ -18,17 +18,6 @@ def embedding_config(block_size: int) -> dict:
     return {"BI": 16 if block_size <= 32 else 4, "num_warps": 4}
 
 
-def gemv_config(block_size: int, n: int, n_blocks: int, sms: int) -> dict:
-    """Split K over block columns until the grid has about 4 programs per multiprocessor:
-    a small matrix at batch 1 still fills the GPU."""
-    bn = 64 if block_size <= 32 else 32
-    tiles = -(-n // bn)
-    split_k = 1
-    while tiles * split_k < 4 * sms and split_k * 2 <= n_blocks:
-        split_k *= 2
-    return {"BN": bn, "SPLIT_K": split_k, "num_warps": 4}
-
-
 def gemm_config(block_size: int, m: int) -> dict:
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     return {"BM": bm, "BN": 64 if block_size <= 32 else 32, "num_warps": 4}
@@ -41,8 +30,9 @@ def gemm_config(block_size: int, m: int) -> dict:
 # Chosen from scripts/inspect_kernels.py --sass (instructions per byte under the H200
 # budget, registers under 128 so that 4 programs fit an SM, no spills); the defaults are
 # 4 rows, whole blocks.
-GEMV_ROWS = {"Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ2_0": 2}
-GEMV_PARTS = {"IQ4_XS": 4}
+GEMV_ROWS = {"Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ1_0": 1, "TQ2_0": 2,
+             **dict.fromkeys(["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"], 2)}
+GEMV_PARTS = {"IQ4_XS": 4, "IQ1_M": 2}
 
 
 def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int) -> dict:

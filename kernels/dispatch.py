@@ -13,7 +13,7 @@ from . import configs
 from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
-from .gemv import gemv_dot_kernel, gemv_kernel, prepare_x_kernel
+from .gemv import gemv_dot_kernel, prepare_x_kernel
 from .registry import FORMATS, MAX_PLANES, Format
 
 # Each module registers its types on import.
@@ -107,7 +107,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
     if m == 0:  # engines do send empty batches; no kernel is launched for them
         return x.new_empty(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
-    if m <= configs.GEMV_MAX_M and fmt.dot is not None:
+    if m <= configs.GEMV_MAX_M:
         cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(x.device))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         if x.device.type != "cuda":
@@ -122,14 +122,6 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
         gemv_dot_kernel[grid](*args, xf, xs, out, n, b, out.stride(0),
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
                               PARTS=cfg["PARTS"], DOT=fmt.dot, num_warps=cfg["num_warps"])
-    elif m <= configs.GEMV_MAX_M:
-        m_pad = triton.next_power_of_2(max(m, 1))
-        cfg = configs.gemv_config(fmt.block_size, n, b, _multiprocessors(x.device))
-        out = _gemv_output(m, n, cfg["SPLIT_K"], x)
-        grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
-        gemv_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
-                          BLOCK=fmt.block_size, BN=cfg["BN"], M_PAD=m_pad,
-                          SPLIT_K=cfg["SPLIT_K"], DQ=fmt.dequant, num_warps=cfg["num_warps"])
     else:
         cfg = configs.gemm_config(fmt.block_size, m)
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)

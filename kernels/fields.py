@@ -80,6 +80,35 @@ def words4(P, j, rows, mask, N, COUNT: tl.constexpr, FIRST):
 
 
 @triton.jit
+def words2(P, j, rows, mask, N, COUNT: tl.constexpr, FIRST):
+    """Words FIRST, FIRST+1 of a field of COUNT int32 words per block, one 8-byte load per
+    row, as two int32 [len(rows)] (FIRST even)."""
+    base = (j * N + rows).to(tl.int64) * COUNT + FIRST
+    w = tl.load(P.to(tl.pointer_type(tl.int32)) + base[:, None] + tl.arange(0, 2)[None, :],
+                mask=mask[:, None], other=0)
+    w0, w1 = tl.split(w)
+    return w0, w1
+
+
+@triton.jit
+def row_words(TABLE, AT: tl.constexpr, idx, WORDS: tl.constexpr):
+    """Row idx [R] of a table of WORDS-word rows at word AT, as int32 [R, WORDS]: one 8- or
+    16-byte load per row (the multiply by WORDS is what tells Triton that the row is
+    aligned; ptxas folds it into the mask that made idx)."""
+    cols = tl.arange(0, WORDS)[None, :]
+    return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + AT + idx[:, None] * WORDS + cols)
+
+
+@triton.jit
+def split4(v):
+    """[R, 4] -> its 4 columns as [R] each."""
+    a, b = tl.split(tl.reshape(v, (v.shape[0], 2, 2)))
+    v0, v2 = tl.split(a)
+    v1, v3 = tl.split(b)
+    return v0, v1, v2, v3
+
+
+@triton.jit
 def row_load(ptr, mask, other):
     """One element per row, loaded as a [len(rows), 1] tile and reduced to 1-D. A 1-D load
     at contiguous rows is vectorized over 4 rows per thread, while words4's loads give each
@@ -119,10 +148,12 @@ def x_sum(SB, AT: tl.constexpr, COUNT: tl.constexpr):
     """x[AT] + ... + x[AT + COUNT - 1] of the block, from prepare_x_kernel's sums of 16 (SB
     points at the block's first; AT and COUNT multiples of 16): what a sub-block's min
     multiplies."""
-    if COUNT == 16:
-        return tl.load(SB + AT // 16)
-    else:
-        return tl.sum(tl.load(SB + AT // 16 + tl.arange(0, COUNT // 16)))
+    total = tl.load(SB + AT // 16)
+    # scalar loads added one by one: a tl.sum over a loaded vector spreads it over the
+    # threads and gathers it back with shuffles
+    for i in tl.static_range(1, COUNT // 16):
+        total += tl.load(SB + AT // 16 + i)
+    return total
 
 
 @triton.jit
@@ -140,6 +171,22 @@ def shr(w, K: tl.constexpr):
     """w >> K, logical (zeros in from the top): int32 >> is arithmetic, and ptxas spends a
     sign extension (SGXT) on it before a mask."""
     return (w.to(tl.uint32, bitcast=True) >> K).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def bits_at(w, P: tl.constexpr, WIDTH: tl.constexpr, AT: tl.constexpr):
+    """((w >> P) & (2**WIDTH - 1)) << AT, by one shift (none when P == AT) and one mask: a
+    field put where a table row number wants it, ready to OR with the row number's other
+    fields."""
+    if AT >= P:
+        v = w << (AT - P)
+    else:
+        v = shr(w, P - AT)
+    MASK: tl.constexpr = ((1 << WIDTH) - 1) << AT
+    if MASK >= 1 << 31:  # as an int32
+        return v & (MASK - (1 << 32))
+    else:
+        return v & MASK
 
 
 @triton.jit

@@ -7,7 +7,9 @@ attributes so it cannot drift from the reference:
   byte -> float32 conversion in the kernel gives gguf-py's float exactly); a row is then
   one (4-wide grids) or two (8-wide grids) gathers instead of one per weight;
 * the 128 ksigns bytes (7-bit sign index -> 8 sign bits), at offset 0, grid after them;
-* IQ4's 16 kvalues.
+* IQ4's 16 kvalues;
+* for the GEMV's dot functions, after those: the grid again as bfloat16 rows (IQ1_M: grid +
+  1/8, then grid - 1/8) and the sign bytes as bfloat16 sign bits (see _grid_table).
 
 The float32 arithmetic repeats gguf-py's (and the torch backend's) operations in their order;
 only the integer unpacking is arranged freely.
@@ -21,15 +23,25 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    bits_at,
+    concat,
     field,
     field_f16,
     field_run,
     lookup_run_dot,
     lookup_table,
     nibbles,
+    opaque_zero,
     row_u16,
     row_word,
+    row_words,
     scale_f16,
+    shr,
+    split4,
+    words2,
+    words4,
+    x4,
+    x_sum,
 )
 from .registry import register
 
@@ -76,6 +88,71 @@ def _table(*parts):
 
 def _grid(name):
     return lambda: _grid_words(name)
+
+
+# The GEMV's (dot functions') tables, after the dequant tables: grid rows as bfloat16, two
+# values a word (every grid value, and IQ1's grid +- 1/8, is exact in bfloat16), and for each
+# sign byte its 8 bits as bfloat16 sign bits (0x8000 where set), so that one XOR applies the
+# signs of two weights and one shift or mask per weight makes them float32.
+
+
+def _bf16_pairs(values: np.ndarray) -> np.ndarray:
+    """float32 values (each exact in bfloat16) as bfloat16 halves, two to an int32 word."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    assert not (bits & 0xFFFF).any()  # exact: bfloat16 is the top half of float32
+    return (bits >> 16).astype(np.uint16).view("<i4").reshape(-1).astype(np.int32)
+
+
+def _grid16(name, deltas=(0.0,)):
+    """gguf-py's grid as bfloat16 rows; with deltas, the whole grid once per delta, each
+    added (IQ1's grid + delta, gguf-py's float32 sums, all exact in float16)."""
+    def part():
+        import gguf.quants
+
+        cls = getattr(gguf.quants, name)
+        cls.init_grid()
+        grid = cls.grid.reshape(cls.grid_shape)
+        return _bf16_pairs(np.concatenate([grid + np.float32(delta) for delta in deltas]))
+
+    return part
+
+
+def _sign_bits16(sign_bytes):
+    def part():
+        bits = (sign_bytes()[:, None] >> np.arange(8)[None, :]) & 1
+        return (bits.astype(np.uint16) << 15).view("<i4").reshape(-1).astype(np.int32)
+
+    return part
+
+
+def _all_sign_bytes() -> np.ndarray:
+    return np.arange(256, dtype=np.int32)
+
+
+def _grid_table(name, signs=None, dequant_ksigns=False):
+    """(table function, word offset of the GEMV's grid, word offset of the GEMV's signs)
+    of grid type `name`: the dequant's parts ([ksigns,] grid as bytes), then the GEMV's
+    (grid as bfloat16, for IQ1_M grid + 1/8 then grid - 1/8; [signs as sign bits of
+    ksigns or of every byte])."""
+    import gguf.quants
+
+    rows, width = getattr(gguf.quants, name).grid_shape
+    deltas = (0.125, -0.125) if name == "IQ1_M" else (0.0,)
+    parts = ([_ksigns] if dequant_ksigns else []) + [_grid(name), _grid16(name, deltas)]
+    grid16_at = (128 if dequant_ksigns else 0) + rows * width // 4
+    signs_at = grid16_at + len(deltas) * rows * width // 2
+    if signs is not None:
+        parts.append(_sign_bits16(signs))
+    return _table(*parts), tl.constexpr(grid16_at), tl.constexpr(signs_at)
+
+
+IQ2_XXS_TABLE, IQ2_XXS_GRID16, IQ2_XXS_SIGNS16 = _grid_table("IQ2_XXS", _ksigns, True)
+IQ2_XS_TABLE, IQ2_XS_GRID16, IQ2_XS_SIGNS16 = _grid_table("IQ2_XS", _ksigns, True)
+IQ2_S_TABLE, IQ2_S_GRID16, IQ2_S_SIGNS16 = _grid_table("IQ2_S", _all_sign_bytes)
+IQ3_XXS_TABLE, IQ3_XXS_GRID16, IQ3_XXS_SIGNS16 = _grid_table("IQ3_XXS", _ksigns, True)
+IQ3_S_TABLE, IQ3_S_GRID16, IQ3_S_SIGNS16 = _grid_table("IQ3_S", _all_sign_bytes)
+IQ1_S_TABLE, IQ1_S_GRID16, _ = _grid_table("IQ1_S")
+IQ1_M_TABLE, IQ1_M_GRID16, _ = _grid_table("IQ1_M")
 
 
 # -- shared unpacking ------------------------------------------------------------------
@@ -196,10 +273,223 @@ def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return per_group(dl, q)
 
 
+# -- the lattice types' GEMV: bfloat16 grid rows, signs XORed into them ------------------
+
+
+@triton.jit
+def signed_row(g, TABLE, SIGNS16: tl.constexpr, sidx):
+    """Grid row g (bfloat16 pairs, int32 [R, 4]) with the signs of sign byte (or ksigns
+    index) sidx [R]: the sign table's row holds each sign bit in a bfloat16's sign position,
+    so one XOR signs two weights."""
+    return g ^ row_words(TABLE, SIGNS16, sidx, 4)
+
+
+@triton.jit
+def bf16_pair(w):
+    """The two bfloat16 values of word w (low half first) as float32 [R]: one shift or one
+    mask each (a bfloat16 is the top half of its float32). Kept in 32-bit integers: as
+    16-bit values, LLVM packs the halves of two rows into one register (a PRMT each)."""
+    lo = (w << 16).to(tl.float32, bitcast=True)
+    hi = (w & -65536).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def mac_row8(acc, g, XB, AT: tl.constexpr):
+    """acc + the 8 bfloat16 values of g (int32 [R, 4], two a word) times x[AT..AT+7]: one
+    conversion and one FFMA a weight."""
+    w0, w1, w2, w3 = split4(g)
+    x0, x1, x2, x3 = x4(XB, AT)
+    v0, v1 = bf16_pair(w0)
+    v2, v3 = bf16_pair(w1)
+    acc += v0 * x0
+    acc += v1 * x1
+    acc += v2 * x2
+    acc += v3 * x3
+    x0, x1, x2, x3 = x4(XB, AT + 4)
+    v0, v1 = bf16_pair(w2)
+    v2, v3 = bf16_pair(w3)
+    acc += v0 * x0
+    acc += v1 * x1
+    acc += v2 * x2
+    acc += v3 * x3
+    return acc
+
+
+@triton.jit
+def iq2_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """IQ2_XXS: 8 groups of 32 weights, each two qs words: 4 grid row numbers (a byte per 8
+    weights), then 4 seven-bit ksigns indices and the group's 4-bit scale s on top;
+    d * (0.5 + s) * 0.25 * sum(grid * signs * x) per group."""
+    acc = tl.zeros(rows.shape, tl.float32)
+    for c in tl.static_range(4):
+        w = words4(P1, j, rows, mask, N, 16, 4 * c)
+        for h in tl.static_range(2):
+            s = tl.zeros(rows.shape, tl.float32)
+            for r in tl.static_range(4):
+                g = row_words(TABLE, IQ2_XXS_GRID16, bits_at(w[2 * h], 8 * r, 8, 0), 4)
+                g = signed_row(g, TABLE, IQ2_XXS_SIGNS16, bits_at(w[2 * h + 1], 7 * r, 7, 0))
+                s = mac_row8(s, g, XB, 64 * c + 32 * h + 8 * r)
+            acc += (shr(w[2 * h + 1], 28).to(tl.float32) + 0.5) * s
+    return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
+
+
+@triton.jit
+def iq2_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """IQ2_XS: a 16-bit qs value per 8 weights (9-bit grid row, 7-bit ksigns index), a 4-bit
+    scale s per 16 (scales nibble c for qs word c): d * (0.5 + s) * 0.25 * sum(grid * signs * x)."""
+    sc0, sc1 = words2(P2, j, rows, mask, N, 2, 0)
+    acc = tl.zeros(rows.shape, tl.float32)
+    for q in tl.static_range(4):
+        w = words4(P1, j, rows, mask, N, 16, 4 * q)
+        for c in tl.static_range(4):
+            s = tl.zeros(rows.shape, tl.float32)
+            for h in tl.static_range(2):
+                g = row_words(TABLE, IQ2_XS_GRID16, bits_at(w[c], 16 * h, 9, 0), 4)
+                g = signed_row(g, TABLE, IQ2_XS_SIGNS16, bits_at(w[c], 16 * h + 9, 7, 0))
+                s = mac_row8(s, g, XB, 64 * q + 16 * c + 8 * h)
+            scale = shr(sc0 if q < 2 else sc1, 4 * (4 * (q % 2) + c)) & 15
+            acc += (scale.to(tl.float32) + 0.5) * s
+    return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
+
+
+@triton.jit
+def iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """IQ2_S: per 8 weights k, a grid row numbered by qs byte k (low 8 bits) and bits 2k of
+    qh (top 2), and sign byte 32 + k of qs; a 4-bit scale s per 16:
+    d * (0.5 + s) * 0.25 * sum(grid * signs * x)."""
+    qh0, qh1 = words2(P2, j, rows, mask, N, 2, 0)
+    sc0, sc1 = words2(P3, j, rows, mask, N, 2, 0)
+    acc = tl.zeros(rows.shape, tl.float32)
+    for q in tl.static_range(2):  # groups of 8 weights 16q .. 16q + 15
+        w = words4(P1, j, rows, mask, N, 16, 4 * q)
+        sg = words4(P1, j, rows, mask, N, 16, 8 + 4 * q)
+        for c in tl.static_range(4):
+            for half in tl.static_range(2):
+                s = tl.zeros(rows.shape, tl.float32)
+                for b2 in tl.static_range(2):
+                    b = 2 * half + b2
+                    idx = (bits_at(w[c], 8 * b, 8, 0)
+                           | bits_at(qh0 if q == 0 else qh1, 2 * (4 * c + b), 2, 8))
+                    g = signed_row(row_words(TABLE, IQ2_S_GRID16, idx, 4), TABLE, IQ2_S_SIGNS16,
+                                   bits_at(sg[c], 8 * b, 8, 0))
+                    s = mac_row8(s, g, XB, 128 * q + 32 * c + 8 * b)
+                scale = shr(sc0 if q == 0 else sc1, 4 * (2 * c + half)) & 15
+                acc += (scale.to(tl.float32) + 0.5) * s
+    return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
+
+
+@triton.jit
+def grid4_pair(TABLE, GRID16: tl.constexpr, a, b):
+    """Rows a then b of a 4-wide bfloat16 grid, as int32 [R, 4] (two values a word)."""
+    return concat(row_words(TABLE, GRID16, a, 2), row_words(TABLE, GRID16, b, 2))
+
+
+@triton.jit
+def iq3_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """IQ3_XXS: a grid row (4 wide) per qs byte 0..63; per 32 weights an aux word (qs word
+    16 + group) of 4 seven-bit ksigns indices (one per 8 weights) and a 4-bit scale s on
+    top: d * (0.5 + s) * 0.5 * sum(grid * signs * x)."""
+    acc = tl.zeros(rows.shape, tl.float32)
+    for c in tl.static_range(4):  # groups 2c, 2c + 1
+        w = words4(P1, j, rows, mask, N, 24, 4 * c)
+        aux_words = words4(P1, j, rows, mask, N, 24, 16 + 4 * (c // 2))
+        for h in tl.static_range(2):
+            aux = aux_words[2 * (c % 2) + h]
+            s = tl.zeros(rows.shape, tl.float32)
+            for r in tl.static_range(4):  # 8 weights: bytes 2 (r % 2), +1 of word 2h + r // 2
+                word = w[2 * h + r // 2]
+                g = grid4_pair(TABLE, IQ3_XXS_GRID16, bits_at(word, 16 * (r % 2), 8, 0),
+                               bits_at(word, 16 * (r % 2) + 8, 8, 0))
+                g = signed_row(g, TABLE, IQ3_XXS_SIGNS16, bits_at(aux, 7 * r, 7, 0))
+                s = mac_row8(s, g, XB, 64 * c + 32 * h + 8 * r)
+            acc += (shr(aux, 28).to(tl.float32) + 0.5) * s
+    return scale_f16(P0, j, rows, mask, N) * 0.5 * acc
+
+
+@triton.jit
+def iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """IQ3_S: a grid row (4 wide) per qs byte k (low 8 bits) and bit k of qh (the ninth);
+    a sign byte per 8 weights; a 4-bit scale s per 32: d * (1 + 2 s) * sum(grid * signs * x)."""
+    qh0, qh1 = words2(P2, j, rows, mask, N, 2, 0)
+    scales = row_word(P4, j, rows, mask, N, 1, 0) | (qh0 & opaque_zero(N))
+    acc = tl.zeros(rows.shape, tl.float32)
+    for c in tl.static_range(4):  # groups 2c, 2c + 1
+        w = words4(P1, j, rows, mask, N, 16, 4 * c)
+        signs = words4(P3, j, rows, mask, N, 8, 4 * (c // 2))
+        high = qh0 if c < 2 else qh1
+        for h in tl.static_range(2):
+            g8 = 2 * c + h
+            s = tl.zeros(rows.shape, tl.float32)
+            for r in tl.static_range(4):
+                word = w[2 * h + r // 2]
+                k = 8 * g8 + 2 * r  # the first of the two grid rows
+                a = bits_at(word, 16 * (r % 2), 8, 0) | bits_at(high, k % 32, 1, 8)
+                b = bits_at(word, 16 * (r % 2) + 8, 8, 0) | bits_at(high, k % 32 + 1, 1, 8)
+                g = signed_row(grid4_pair(TABLE, IQ3_S_GRID16, a, b), TABLE, IQ3_S_SIGNS16,
+                               bits_at(signs[2 * (c % 2) + h], 8 * r, 8, 0))
+                s = mac_row8(s, g, XB, 32 * g8 + 8 * r)
+            scale = shr(scales, 4 * g8) & 15
+            acc += (2 * scale + 1).to(tl.float32) * s
+    return scale_f16(P0, j, rows, mask, N) * acc
+
+
+@triton.jit
+def iq1_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """IQ1_S: per 32 weights a 16-bit qh value (four 3-bit grid row highs, a 3-bit scale s,
+    the delta's sign on top) and 4 qs bytes (grid row lows):
+    d * (2 s + 1) * (sum(grid x) + delta * sum(x)), delta = +-1/8."""
+    acc = tl.zeros(rows.shape, tl.float32)
+    for qq in tl.static_range(2 // PARTS):  # halves of 128 weights: q = part with PARTS 2
+        q = (2 // PARTS) * part + qq
+        w = words4(P1, j, rows, mask, N, 8, 4 * q)
+        qh = words2(P2, j, rows, mask, N, 4, 2 * q)
+        for c in tl.static_range(4):  # group 4q + c: half c % 2 of qh word c // 2
+            s = tl.zeros(rows.shape, tl.float32)
+            for r in tl.static_range(4):
+                idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(qh[c // 2], 16 * (c % 2) + 3 * r, 3, 8)
+                s = mac_row8(s, row_words(TABLE, IQ1_S_GRID16, idx, 4), XB + 128 * q, 32 * c + 8 * r)
+            hv = shr(qh[c // 2], 16 * (c % 2))
+            s += tl.where((hv & 0x8000) != 0, -0.125, 0.125) * x_sum(SB + 8 * q, 32 * c, 32)
+            acc += (2 * (shr(hv, 12) & 7) + 1).to(tl.float32) * s
+    return scale_f16(P0, j, rows, mask, N) * acc
+
+
+@triton.jit
+def iq1_m_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """IQ1_M: per 8 weights a qs byte (grid row low 8 bits) and a qh nibble (3 high bits,
+    the delta's sign); per 16 a 3-bit scale s; d's 16 bits are the top nibbles of the 4
+    scale half-words: d * (2 s + 1) * sum((grid + delta) x)."""
+    sc0, sc1 = words2(P2, j, rows, mask, N, 2, 0)
+    d_bits = ((shr(sc0, 12) & 0xF) | (shr(sc0, 24) & 0xF0) | (shr(sc1, 4) & 0xF00)
+              | (shr(sc1, 16) & 0xF000))
+    d = d_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    acc = tl.zeros(rows.shape, tl.float32)
+    for qq in tl.static_range(2 // PARTS):  # halves of 128 weights: q = part with PARTS 2
+        q = (2 // PARTS) * part + qq
+        w = words4(P0, j, rows, mask, N, 8, 4 * q)
+        qh = words2(P1, j, rows, mask, N, 4, 2 * q)
+        for c in tl.static_range(4):  # qs word 4q + c: weights 128q + 32c ..
+            for half in tl.static_range(2):  # 16 weights, one scale
+                s = tl.zeros(rows.shape, tl.float32)
+                for r2 in tl.static_range(2):
+                    r = 2 * half + r2  # byte r of the qs word: 8 weights
+                    # nibble 4c + r of the half's qh words; its bit 3 (delta < 0) numbers
+                    # rows 2048..: grid - 1/8
+                    idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(qh[c // 2], 4 * ((4 * c + r) % 8), 4, 8)
+                    s = mac_row8(s, row_words(TABLE, IQ1_M_GRID16, idx, 4), XB + 128 * q,
+                                 32 * c + 8 * r)
+                t = 2 * c + half  # of 8 scales in word q, 3 bits each, 4 per 16-bit half
+                word = tl.where(q == 0, sc0, sc1)
+                scale = shr(word, 16 * (t // 4) + 3 * (t % 4)) & 7
+                acc += (2 * scale + 1).to(tl.float32) * s
+    return d * acc
+
+
 # -- 2-bit lattices, 8 weights per grid row --------------------------------------------
 
 
-@register("IQ2_XXS", 256, ("d", "qs"), table=_table(_ksigns, _grid("IQ2_XXS")))
+@register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot)
 @triton.jit
 def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]
@@ -212,7 +502,7 @@ def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return signed(db, grid, ksign_factors(TABLE, bitfields(aux, 7, 4, 0x7F)))
 
 
-@register("IQ2_XS", 256, ("d", "qs", "scales"), table=_table(_ksigns, _grid("IQ2_XS")))
+@register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot)
 @triton.jit
 def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -222,7 +512,7 @@ def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return signed(db, grid, ksign_factors(TABLE, q >> 9))
 
 
-@register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=_table(_grid("IQ2_S")))
+@register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot)
 @triton.jit
 def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -237,7 +527,7 @@ def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 # -- 3-bit lattices, 4 weights per grid row --------------------------------------------
 
 
-@register("IQ3_XXS", 256, ("d", "qs"), table=_table(_ksigns, _grid("IQ3_XXS")))
+@register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot)
 @triton.jit
 def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -249,7 +539,7 @@ def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return signed(db, grid_rows(TABLE, idx, 1, KSIGNS), signs)
 
 
-@register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=_table(_grid("IQ3_S")))
+@register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot)
 @triton.jit
 def iq3_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -276,7 +566,8 @@ def shifted(grid, negative):
                       grid.shape)
 
 
-@register("IQ1_S", 256, ("d", "qs", "qh"), table=_table(_grid("IQ1_S")))
+@register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,
+          dot_parts=(1, 2))
 @triton.jit
 def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -287,7 +578,8 @@ def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return per_group(dl, shifted(grid_rows(TABLE, idx, 2, 0), (qh & 0x8000) != 0))
 
 
-@register("IQ1_M", 256, ("qs", "qh", "scales"), table=_table(_grid("IQ1_M")))
+@register("IQ1_M", 256, ("qs", "qh", "scales"), table=IQ1_M_TABLE, dot=iq1_m_dot,
+          dot_parts=(1, 2))
 @triton.jit
 def iq1_m(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # scales: four 16-bit words, each four 3-bit scales and a nibble of the f16 d on top

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    bits_at,
     concat,
     field_bytes,
     field_f16,
@@ -23,8 +24,11 @@ from .fields import (
     opaque_zero,
     row_u8,
     row_word,
+    row_words,
     scale_f16,
+    split4,
     words4,
+    x4,
 )
 from .registry import register
 
@@ -44,7 +48,75 @@ def trits(b):
     return ((b.to(tl.uint8).to(tl.int16) * 3) >> 8) - 1
 
 
-@register("TQ1_0", 256, ("qs", "qh", "d"))
+def tq1_digits() -> np.ndarray:
+    """Every byte's 5 base-3 digits as ggml reads them (digit k: ((v * 3**k) % 256 * 3) >> 8,
+    less 1), float32 [256, 5]."""
+    v = np.arange(256, dtype=np.int64)[:, None] * (3 ** np.arange(5))[None, :]
+    return (((v % 256) * 3 >> 8) - 1).astype(np.float32)
+
+
+@cache
+def tq1_table(device: torch.device) -> torch.Tensor:
+    """For the GEMV: per byte value a row of 4 words, its 5 digits as bfloat16 (two a word,
+    low half first; -1, 0, 1 are exact) and 3 zeros."""
+    rows = np.zeros((256, 8), np.float32)
+    rows[:, :5] = tq1_digits()
+    halves = (rows.view(np.uint32) >> 16).astype(np.uint16)
+    return torch.from_numpy(halves.view("<i4").reshape(-1).astype(np.int32)).to(device)
+
+
+@triton.jit
+def digit_rows(TABLE, w):
+    """The digit rows of the 4 bytes of w (tq1_table), each as its 4 words: 16 int32 [R]."""
+    return (split4(row_words(TABLE, 0, bits_at(w, 0, 8, 0), 4)),
+            split4(row_words(TABLE, 0, bits_at(w, 8, 8, 0), 4)),
+            split4(row_words(TABLE, 0, bits_at(w, 16, 8, 0), 4)),
+            split4(row_words(TABLE, 0, bits_at(w, 24, 8, 0), 4)))
+
+
+@triton.jit
+def digit(row, K: tl.constexpr):
+    """Digit K of a byte's digit row (its 4 words) as float32 [R] (a bfloat16 is the top half
+    of its float32)."""
+    if K % 2 == 0:
+        return (row[K // 2] << 16).to(tl.float32, bitcast=True)
+    else:
+        return (row[K // 2] & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mac_digits(acc, w, TABLE, XB, DIGITS: tl.constexpr, FIRST: tl.constexpr, STRIDE: tl.constexpr):
+    """acc + digit k of byte b of w times x[FIRST + STRIDE k + b], k < DIGITS: a run of
+    ggml's TQ1_0 bytes holds its weights digit-major."""
+    r = digit_rows(TABLE, w)
+    for k in tl.static_range(DIGITS):
+        x0, x1, x2, x3 = x4(XB, FIRST + STRIDE * k)
+        acc += digit(r[0], k) * x0
+        acc += digit(r[1], k) * x1
+        acc += digit(r[2], k) * x2
+        acc += digit(r[3], k) * x3
+    return acc
+
+
+@triton.jit
+def tq1_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """TQ1_0: qs bytes 0..31 hold 5 digits each (weights 32k + l), qs bytes 32..47 5 each
+    (160 + 16k + l), qh's 4 bytes 4 each (240 + 4k + l); each byte's digits are one row of
+    tq1_table."""
+    acc = tl.zeros(rows.shape, tl.float32)
+    for q in tl.static_range(2):
+        w = words4(P0, j, rows, mask, N, 12, 4 * q)
+        for c in tl.static_range(4):
+            acc = mac_digits(acc, w[c], TABLE, XB, 5, 16 * q + 4 * c, 32)
+    w = words4(P0, j, rows, mask, N, 12, 8)
+    for c in tl.static_range(4):
+        acc = mac_digits(acc, w[c], TABLE, XB, 5, 160 + 4 * c, 16)
+    qh = row_word(P1, j, rows, mask, N, 1, 0) | (w[0] & opaque_zero(N))
+    acc = mac_digits(acc, qh, TABLE, XB, 4, 240, 4)
+    return scale_f16(P2, j, rows, mask, N) * acc
+
+
+@register("TQ1_0", 256, ("qs", "qh", "d"), table=tq1_table, dot=tq1_0_dot)
 @triton.jit
 def tq1_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # ggml's weight order is digit-major within each of three byte runs: qs[0:32] holds 5

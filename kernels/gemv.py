@@ -1,54 +1,20 @@
-"""Kernel family: GEMV for small M, split-K over block columns, float32 accumulation.
+"""Kernel family: GEMV for small M (M <= configs.GEMV_MAX_M), split-K over block columns,
+float32 accumulation, no tensor cores (at small M the weight read is the whole cost).
 
-Two kernels, both without tensor cores (at small M the weight read is the whole cost):
-
-* `gemv_dot_kernel`, for a type with a `dot` function, after `prepare_x_kernel` has made x
-  float32 with its sums of 16 (for the sub-blocks' mins): each tensor is 1-D over the tile's
-  rows, so a thread owns BN / (32 * num_warps) whole rows and every x value it converts
-  serves all of them. The dot function (formats_*.py) multiplies one block column by x
-  straight from the packed fields, with the block's scales applied once per sub-block, not
-  per weight. A program takes one row of x (grid axis 2): at M up to 8 a weight tile is
-  unpacked once per row of x, and read again from L2. What this buys is measured from the
-  SASS: `scripts/inspect_kernels.py --sass`.
-* `gemv_kernel`, for the other types: the type's dequant tile [BN, BLOCK] times the M_PAD
-  rows of x in registers.
+`prepare_x_kernel` makes x float32 with its sums of 16 (for the sub-blocks' mins), once per
+call; then `gemv_dot_kernel` runs the type's `dot` function (formats_*.py) on each block
+column: each tensor is 1-D over the tile's rows, so a thread owns BN / (32 * num_warps)
+whole rows and every x value it loads serves all of them. The dot function multiplies one
+block column by x straight from the packed fields, with the block's scales applied once per
+sub-block, not per weight. A program takes one row of x (grid axis 2): at M up to 8 a weight
+tile is unpacked once per row of x, and read again from L2. What this buys is measured from
+the SASS: `scripts/inspect_kernels.py --sass`.
 
 With SPLIT_K > 1 the partial sums are added atomically into a float32 output.
 """
 
 import triton
 import triton.language as tl
-
-
-# The batch size only masks rows: one compiled variant serves every value of it.
-@triton.jit(do_not_specialize=["M"])
-def gemv_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om,
-                BLOCK: tl.constexpr, BN: tl.constexpr, M_PAD: tl.constexpr,
-                SPLIT_K: tl.constexpr, DQ: tl.constexpr):
-    rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    mask = rows < N
-    ms = tl.arange(0, M_PAD)
-    cols = tl.arange(0, BLOCK)
-    acc = tl.zeros((M_PAD, BN), dtype=tl.float32)
-    j = tl.program_id(1)
-    while j < B:  # (a while loop: Triton 3.6's interpreter cannot range() from a program id)
-        w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
-        if M_PAD == 1:
-            # A 2-D product keeps the weight tile in the layout its loads gave it (the 3-D
-            # broadcast below makes threads reload the quants).
-            x = tl.load(X + j * BLOCK + cols).to(tl.float32)
-            acc += tl.sum(w * x[None, :], axis=1)[None, :]
-        else:
-            x = tl.load(X + ms[:, None] * stride_xm + j * BLOCK + cols[None, :],
-                        mask=(ms < M)[:, None], other=0.0).to(tl.float32)  # [M_PAD, BLOCK]
-            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-        j += SPLIT_K
-    out = OUT + ms[:, None] * stride_om + rows[None, :]
-    out_mask = (ms < M)[:, None] & mask[None, :]
-    if SPLIT_K == 1:
-        tl.store(out, acc.to(OUT.dtype.element_ty), mask=out_mask)
-    else:
-        tl.atomic_add(out, acc, mask=out_mask)
 
 
 @triton.jit

@@ -11,7 +11,7 @@ launch's pointer types are not relied on); `j` is the block column, `rows` the r
 contiguous range: the embedding gathers), `mask` which of them are real. The element of
 field f for block (j, n) starts at P_f + (j * N + n) * count.
 
-A type may also have a dot function, for the GEMV at M <= 8 (gemv.py's gemv_dot_kernel):
+Each type also has a dot function, for the GEMV at M <= 8 (gemv.py's gemv_dot_kernel):
 
     dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS) -> float32 [len(rows)]
 
@@ -20,8 +20,7 @@ column j of each row with the same part of x[j * block_size:][:block_size] (XB p
 block's first element): the same weights, multiplied straight from the packed fields, with
 the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a block takes
 (a 256-weight block in parts lets a thread own more rows at the same registers); `dot_parts`
-says which PARTS the dot function supports. Without a dot function, the GEMV multiplies the
-dequant tile.
+says which PARTS the dot function supports.
 """
 
 from __future__ import annotations
@@ -40,23 +39,23 @@ class Format:
     block_size: int
     fields: tuple[str, ...]
     dequant: object  # a triton JITFunction
+    dot: object  # a triton JITFunction for the GEMV (M <= 8), see above
     table: Callable[[torch.device], torch.Tensor] | None = None  # lookup table, per device
-    dot: object = None  # a triton JITFunction for the GEMV (M <= 8), or None (see below)
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
 
 
 FORMATS: dict[str, Format] = {}
 
 
-def register(name: str, block_size: int, fields: tuple[str, ...],
-             table: Callable[[torch.device], torch.Tensor] | None = None, dot=None,
+def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
+             table: Callable[[torch.device], torch.Tensor] | None = None,
              dot_parts: tuple[int, ...] = (1,)):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
     def wrap(fn):
         assert name not in FORMATS, name
-        FORMATS[name] = Format(name, block_size, fields, fn, table, dot, dot_parts)
+        FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts)
         return fn
 
     return wrap

@@ -52,9 +52,8 @@ def _measure(compiled, cfg, bytes_per_iteration, arg_names, sass: bool) -> dict:
 
 
 def _raw_row(name: str, arch: int, sass: bool) -> dict:
-    """The raw-layout GEMV of type `name`, at the generic rp1 GEMV's configuration."""
-    from gguf_repack_kernels import configs
-    from raw_layout_kernels import RAW_DEQUANT, raw_gemv_kernel
+    """The raw-layout GEMV of type `name`, at its own configuration (raw_gemv_config)."""
+    from raw_layout_kernels import RAW_DEQUANT, raw_gemv_config, raw_gemv_kernel
 
     from gguf_repack.type_table import TYPES_BY_NAME
 
@@ -62,7 +61,7 @@ def _raw_row(name: str, arch: int, sass: bool) -> dict:
            "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
     qtype = TYPES_BY_NAME[name]
     n, k = SHAPE
-    cfg = configs.gemv_config(qtype.block_size, n, k // qtype.block_size, SMS)
+    cfg = raw_gemv_config(qtype.block_size, n, k // qtype.block_size, SMS)
     compiled = compile_kernel(raw_gemv_kernel, sig, {
         "BLOCK": qtype.block_size, "TYPE_SIZE": qtype.type_size, "BN": cfg["BN"],
         "M_PAD": 1, "SPLIT_K": cfg["SPLIT_K"], "DQ": RAW_DEQUANT[name]}, arch,
@@ -76,7 +75,6 @@ def _row(name: str, family: str, arch: int, sass: bool) -> dict:
     compiled, cfg, nbytes = compile_family(family, name, arch)
     arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
     return {"type": name, "family": family, "arch": arch,
-            "dot": family.startswith("gemv") and FORMATS[name].dot is not None,
             **_measure(compiled, cfg, nbytes, arg_names, sass)}
 
 

@@ -1,7 +1,8 @@
 """The baseline for the benchmarks: GEMV kernels that read GGUF's own array-of-blocks bytes,
-[N, B, type_size] per weight, as engines do today. Same tiling, launch configuration and
-arithmetic as the rp1 GEMV family (kernels/gemv.py, configs.gemv_config); only the
-addressing differs, so a timing difference is the layout's. Q4_0, Q8_0, Q4_K, Q5_K, Q6_K
+[N, B, type_size] per weight, as engines do today. The design is the package's first GEMV
+(a type's dequant tile times x; the package now runs dot functions, kernels/gemv.py), with
+the dequant functions' arithmetic, so a difference from it is the layout and the dot
+kernel together. Q4_0, Q8_0, Q4_K, Q5_K, Q6_K
 and IQ4_XS: the types bench_gpu.py runs at every shape (benchmark use, not part of the
 package).
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from gguf_repack_kernels import FORMATS, configs
+from gguf_repack_kernels import FORMATS
 from gguf_repack_kernels.fields import concat, nibbles
 from gguf_repack_kernels.formats_iquants import bitfields, kvalue, per_group
 from gguf_repack_kernels.formats_kquants import bit_fields, per_weight
@@ -166,6 +167,17 @@ RAW_DEQUANT = {"Q8_0": _raw_q8_0, "Q4_0": _raw_q4_0, "Q4_K": _raw_q4_k, "Q5_K": 
                "Q6_K": _raw_q6_k, "IQ4_XS": _raw_iq4_xs}
 
 
+def raw_gemv_config(block_size: int, n: int, n_blocks: int, sms: int) -> dict:
+    """Split K over block columns until the grid has about 4 programs per multiprocessor:
+    a small matrix at batch 1 still fills the GPU."""
+    bn = 64 if block_size <= 32 else 32
+    tiles = -(-n // bn)
+    split_k = 1
+    while tiles * split_k < 4 * sms and split_k * 2 <= n_blocks:
+        split_k *= 2
+    return {"BN": bn, "SPLIT_K": split_k, "num_warps": 4}
+
+
 def _multiprocessors(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -175,13 +187,13 @@ def _multiprocessors(device: torch.device) -> int:
 def raw_matmul(x: torch.Tensor, raw: torch.Tensor, type_name: str, shape,
                bn: int | None = None, split_k: int | None = None) -> torch.Tensor:
     """x @ W.T with W given as its GGUF bytes (uint8 [N, B * type_size]); M <= 8. BN and
-    SPLIT_K default to what the rp1 GEMV picks for the same weight on the same device."""
+    SPLIT_K default to raw_gemv_config's for the same weight on the same device."""
     qtype = TYPES_BY_NAME[type_name]
     n, k = shape
     b = k // qtype.block_size
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    cfg = configs.gemv_config(qtype.block_size, n, b, _multiprocessors(x.device))
+    cfg = raw_gemv_config(qtype.block_size, n, b, _multiprocessors(x.device))
     bn = cfg["BN"] if bn is None else bn
     split_k = cfg["SPLIT_K"] if split_k is None else split_k
     # Partial sums of a split K are added atomically, so they need a zeroed float32 output.

@@ -109,6 +109,52 @@ def test_decode_lookup_tables_are_gguf_pys():
     assert np.array_equal(nvfp4_table(cpu)[16:].numpy().view(np.float32), ue4m3_halves())
 
 
+def test_decode_tq1_0_digit_table_is_gguf_pys():
+    """TQ1_0's GEMV looks a byte's 5 digits up (bfloat16 rows of tq1_table); gguf-py decodes
+    blocks whose first 32 qs bytes are every byte value (d = 1) to the same digits."""
+    import gguf
+    import gguf.quants
+    from gguf_repack_kernels.formats_other import tq1_table
+
+    blocks = np.zeros((8, 54), np.uint8)  # qs 48, qh 4, d 2
+    blocks[:, :32] = np.arange(256, dtype=np.uint8).reshape(8, 32)
+    blocks[:, 52:54] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    weights = gguf.quants.dequantize(blocks.reshape(-1), gguf.GGMLQuantizationType.TQ1_0)
+    digits = weights.reshape(8, 256)[:, :160].reshape(8, 5, 32).transpose(0, 2, 1).reshape(256, 5)
+    halves = tq1_table(torch.device("cpu")).numpy().astype(np.int32).view(np.uint16).reshape(256, 8)
+    as_float = (halves.astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(as_float[:, :5], digits) and not as_float[:, 5:].any()
+
+
+@pytest.mark.parametrize("name", ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
+def test_decode_grid_tables_are_gguf_pys(name):
+    """The lattice types' GEMV reads the grid as bfloat16 rows (IQ1_M: grid + 1/8, then grid
+    - 1/8) and each sign byte (or 7-bit ksigns index) as 8 sign bits in bfloat16 position;
+    decoded here by hand, they are gguf-py's grid and signs."""
+    import gguf.quants
+    from gguf_repack_kernels import formats_iquants as iq
+
+    cls = getattr(gguf.quants, name)
+    cls.init_grid()
+    grid = cls.grid.reshape(cls.grid_shape)
+    words = kernels.FORMATS[name].table(torch.device("cpu")).numpy().astype(np.int32)
+    at = getattr(iq, f"{name}_GRID16").value
+    halves = words.view(np.uint16)  # little-endian: a word's low half first
+    expected = (np.concatenate([grid + np.float32(0.125), grid - np.float32(0.125)])
+                if name == "IQ1_M" else grid)
+    as_bf16 = (halves[2 * at:][:expected.size].astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(as_bf16.reshape(expected.shape), expected)
+    if name in ("IQ2_S", "IQ3_S"):  # a sign byte per 8 weights
+        sign_bytes = np.arange(256, dtype=np.uint8)
+    elif not name.startswith("IQ1"):  # a 7-bit index into ksigns
+        sign_bytes = np.frombuffer(gguf.quants.IQ2_XXS.ksigns, dtype=np.uint8)
+    if not name.startswith("IQ1"):
+        at = getattr(iq, f"{name}_SIGNS16").value
+        bits = halves[2 * at:][:8 * len(sign_bytes)].reshape(-1, 8)
+        expected_bits = (sign_bytes[:, None] >> np.arange(8)[None, :]) & 1
+        assert np.array_equal(bits, expected_bits.astype(np.uint16) << 15)
+
+
 @pytest.mark.parametrize("model_name", ["SmolLM2-135M-Instruct.Q4_1.gguf",
                                         "gemma-3-270m-q4_k_m.gguf"])
 def test_real_model_tensors_through_the_triton_backend(model_name, converted):
