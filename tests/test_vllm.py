@@ -50,11 +50,8 @@ def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, eager: bool
     return json.loads(line.removeprefix("RESULT "))
 
 
-def transformers_tokens(src: Path, prompts=PROMPTS, steps: int = 16):
+def transformers_tokens(model, tok, prompts=PROMPTS, steps: int = 16):
     """Greedy tokens of transformers' GGUF path (float32, every weight dequantized)."""
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
-                                                 dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     prompt_ids, tokens = [], []
     for prompt in prompts:
         ids = tok(prompt, return_tensors="pt").input_ids
@@ -66,10 +63,11 @@ def transformers_tokens(src: Path, prompts=PROMPTS, steps: int = 16):
 
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma"])
-def test_vllm_generates_as_transformers_gguf_path(model, request, converted, vllm_python):
+def test_vllm_generates_as_transformers_gguf_path(model, request, converted, vllm_python,
+                                                  transformers_reference):
     src = request.getfixturevalue(model)
     result = run_vllm(vllm_python, converted[src.name], eager=model == "gemma")
-    prompt_ids, tokens = transformers_tokens(src)
+    prompt_ids, tokens = transformers_tokens(*transformers_reference(src))
     assert result["prompt_token_ids"] == prompt_ids  # vLLM tokenized with the directory's tokenizer
     assert result["token_ids"] == tokens
 
@@ -80,7 +78,9 @@ def test_tensor_parallel_equals_one_rank_and_transformers(smollm2, tmp_path, vll
     convert(src, out)
     one = run_vllm(vllm_python, out, tp=1)
     two = run_vllm(vllm_python, out, tp=2)
-    _, tokens = transformers_tokens(src)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                 dtype=torch.float32).eval()
+    _, tokens = transformers_tokens(model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name))
     assert one["token_ids"] == tokens
     assert two["token_ids"] == tokens
 
