@@ -39,6 +39,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--types", default=None, help="comma-separated subset")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--short", action="store_true",
+                    help="4096 x 4096 only, M in 1, 8, 16, 256, 2048 (scripts/gpu_check.py)")
     return ap.parse_args()
 
 
@@ -150,6 +152,8 @@ def main(args: argparse.Namespace) -> None:
         types = args.types.split(",") if args.types else sorted(kernels.FORMATS)
         plan = [(t, n, k, BATCHES) for t in types
                 for (n, k) in (SHAPES if t in FULL_TYPES else SHAPES[:1])]
+        if args.short:
+            plan = [(t, *SHAPES[0], [1, 8, 16, 256, 2048]) for t in types]
         copy_bytes, device_name = 1 << 30, torch.cuda.get_device_name(device)
     timer = Timer(device, runs)
     copy_bw = copy_bandwidth(device, timer, copy_bytes)

@@ -44,6 +44,23 @@ def tokenizer_kvs(source: Path) -> list[tuple]:
     return kvs
 
 
+def byte_tokenizer_kvs() -> list[tuple]:
+    """A tokenizer with no source file: llama's SentencePiece kind, with <unk>, <s>, </s>, the
+    256 byte tokens and a few words, as GGUFWriter.add_key_value arguments."""
+    words = ["▁" + w for w in "the a of and to in is it that was for on are with as".split()]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256)), *words,
+              *"▁abcdefghijklmnopqrstuvwxyz"]
+    types = [2, 3, 3, *[6] * 256, *[1] * (len(tokens) - 259)]  # unknown, control, byte, normal
+    scores = [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)]
+    return [("tokenizer.ggml.model", "llama", V.STRING, None),
+            ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
+            ("tokenizer.ggml.scores", scores, V.ARRAY, V.FLOAT32),
+            ("tokenizer.ggml.token_type", types, V.ARRAY, V.INT32),
+            ("tokenizer.ggml.bos_token_id", 1, V.UINT32, None),
+            ("tokenizer.ggml.eos_token_id", 2, V.UINT32, None),
+            ("tokenizer.ggml.unknown_token_id", 0, V.UINT32, None)]
+
+
 def k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
     """Random valid blocks whose weights stay small (f16 scales of about 1e-3)."""
     blocks = random_blocks(qtype, (rows, cols), rng)
@@ -55,7 +72,7 @@ def k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
 
 
 def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
-                general_name: str | None = None) -> Path:
+                general_name: str | None = None, context_length: int = 512) -> Path:
     """A 2-layer `name` model ("qwen2", "qwen3" or "mistral") at `path`. llama.cpp writes Mistral
     as the llama architecture; transformers reads it as mistral only when `general.name` is
     exactly "mistral" (the default here), and as llama otherwise."""
@@ -65,7 +82,7 @@ def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Ge
     vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(general_name or name)
-    w.add_context_length(512)
+    w.add_context_length(context_length)
     w.add_block_count(N_LAYERS)
     w.add_embedding_length(h)
     w.add_feed_forward_length(s["ffn"])

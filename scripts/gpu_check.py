@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""The prepared GPU check: one command, meant to finish in under 8 minutes on one H200 with
+only what that machine has (torch, Triton, transformers; gguf-py and this tree travel with the
+working tree: `pip download gguf` into a folder here, `pip install --no-index` it there).
+
+    python scripts/gpu_check.py --out gpu-check            # a CUDA machine
+    python scripts/gpu_check.py --smoke --out DIR          # CPU, Triton's interpreter, tiny
+                                                           # shapes: checks this script
+
+Writes gpu_check.json and gpu_check.md into --out, in three parts:
+
+1. kernels: every type's planes (random valid blocks) on the device; dequantize and embedding
+   bit for bit equal to the torch backend on the same device, matmul within tolerance of x @
+   (the torch backend's dense weight).T at M in 0, 1, 3, 8, 16, 33, 256, 2048; every failure
+   named.
+2. bench: scripts/bench_gpu.py --short (its own bench_gpu.json / .md in --out/bench).
+3. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
+   K-quant types, as a Q4_K_M file has; tests/hf_models.py), converted, loaded with
+   gguf_repack.hf.load_model on the device: its 32 greedy tokens against the torch backend's
+   on CPU, decode tokens/s at batch 1 and 32 and prefill tokens/s at 2048 tokens, beside the
+   same weights dequantized to fp16 (transformers' GGUF path, moved to the device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MS = [0, 1, 3, 8, 16, 33, 256, 2048]
+SMOKE_MS = [0, 1, 3, 16]
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("gpu-check"))
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--types", default=None, help="comma-separated subset (kernels part)")
+    ap.add_argument("--skip", default="", help="parts to leave out: kernels,bench,model")
+    return ap.parse_args()
+
+
+ARGS = parse() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.smoke:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+sys.path.insert(0, str(ROOT / "tests"))  # random valid blocks and the model writer
+
+import gguf_repack_kernels as kernels  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from gguf_repack.dequant import dequantize_planes  # noqa: E402
+from gguf_repack.layout import pack  # noqa: E402
+from gguf_repack.type_table import TYPES_BY_NAME  # noqa: E402
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    scale = ref.abs().max().item()
+    return (got.float() - ref).abs().max().item() / scale if scale else got.abs().max().item()
+
+
+def check_kernels(device: torch.device, types: list[str], ms: list[int], shape) -> list[dict]:
+    """One row per (type, family, M): ok, and what failed."""
+    from ggml_blocks import random_blocks
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for name in types:
+        qtype = TYPES_BY_NAME[name]
+        n, k = shape(qtype.block_size)
+
+        def row(family, m, fn):
+            try:
+                problem = fn()
+            except Exception as e:  # a failure is reported, not raised: the check goes on
+                problem = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            rows.append({"type": name, "family": family, "M": m, "ok": problem is None,
+                         "problem": problem})
+
+        blocks = random_blocks(qtype.id, (n, k), rng)
+        planes = {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()}
+        dense = dequantize_planes(planes, qtype).reshape(n, k)  # the torch backend, same device
+
+        def dequantize():
+            got = kernels.dequantize(planes, name, (n, k))
+            if not torch.equal(got.view(torch.int32), dense.view(torch.int32)):
+                return f"{(got != dense).sum().item()} of {dense.numel()} values differ"
+
+        def embedding():
+            ids = torch.tensor([[0, n - 1, 5], [5, 5, 2]], device=device)
+            if not torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids]):
+                return "rows differ"
+
+        row("dequantize", None, dequantize)
+        row("embedding", None, embedding)
+        for m in ms:
+            def matmul(m=m):
+                x = torch.randn(m, k, device=device, dtype=torch.float32)
+                problems = []
+                for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
+                    xd = (x / dense.abs().max()).to(dtype) if dtype == torch.float16 else x
+                    ref = xd.float() @ dense.T
+                    got = kernels.matmul(xd, planes, name, (n, k))
+                    if got.shape != (m, n) or got.dtype != dtype:
+                        problems.append(f"{dtype}: shape {tuple(got.shape)} dtype {got.dtype}")
+                    elif m and relative_error(got, ref) > tol:
+                        problems.append(f"{dtype}: relative error {relative_error(got, ref):.2e} > {tol}")
+                return "; ".join(problems) or None
+            row("matmul", m, matmul)
+        print(f"kernels {name}: {sum(not r['ok'] for r in rows if r['type'] == name)} failures",
+              file=sys.stderr)
+    return rows
+
+
+def run_bench(out: Path, smoke: bool) -> dict:
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--out", str(out)]
+    cmd += ["--smoke", "--types", "Q4_0,Q4_K"] if smoke else ["--short", "--runs", "20"]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    result = {"command": " ".join(cmd[1:]), "returncode": proc.returncode,
+              "seconds": round(time.perf_counter() - start, 1)}
+    if proc.returncode:
+        result["stderr"] = proc.stderr[-2000:]
+    return result
+
+
+def timed(fn, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def check_model(device: torch.device, work: Path, smoke: bool) -> dict:
+    from hf_models import byte_tokenizer_kvs, write_model
+    from transformers import AutoModelForCausalLM
+
+    from gguf_repack import convert
+    from gguf_repack.hf import load_model
+
+    steps, batch, prefill = (1, 2, 8) if smoke else (32, 32, 2048)
+    src = write_model(work / "small-llama.gguf", "llama", byte_tokenizer_kvs(),
+                      np.random.default_rng(5), context_length=4096)
+    out = work / "small-llama"
+    convert(src, out)
+    ours = load_model(out, device, backend="triton")  # (on CPU, --smoke, the interpreter)
+    cpu = load_model(out, "cpu", backend="torch")
+    ids = torch.tensor([[1, 260, 262, 265, 270, 280, 290, 299]])  # <s> and some words
+    if smoke:
+        ids = ids[:, :2]  # the interpreter runs every program of every kernel in Python
+    with torch.no_grad():
+        got = ours.generate(ids.to(device), max_new_tokens=steps, do_sample=False)[0].tolist()
+        want = cpu.generate(ids, max_new_tokens=steps, do_sample=False)[0].tolist()
+    same = got == want
+    first_diff = None if same else next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+    dense = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                 dtype=torch.float16).to(device).eval()
+    speeds = {}
+    # gguf-repack's model computes in float32 (its kernels do; fp16 activations would only add
+    # casts), the dequantized one in fp16
+    # (with --smoke the timing runs the torch backend: the interpreter is too slow to time)
+    for label, model in (("gguf-repack", cpu if smoke else ours), ("dequantized fp16", dense)):
+        with torch.no_grad():
+            for b in (1, batch):
+                prompt = ids.repeat(b, 1).to(device)
+                run = dict(attention_mask=torch.ones_like(prompt), do_sample=False, pad_token_id=2)
+                model.generate(prompt, max_new_tokens=2, **run)  # compiles, warms up
+                seconds = timed(lambda: model.generate(prompt, max_new_tokens=steps,
+                                                       min_new_tokens=steps, **run), device)
+                speeds[f"{label} decode tokens/s at batch {b}"] = round(b * steps / seconds, 1)
+            long = torch.randint(3, 259, (1, prefill), device=device)
+            model(long)
+            seconds = timed(lambda: model(long), device)
+            speeds[f"{label} prefill tokens/s at {prefill} tokens"] = round(prefill / seconds, 1)
+    return {"greedy_tokens_equal_cpu_torch_backend": same, "first_difference_at": first_diff,
+            "tokens": got, "cpu_tokens": want, "speeds": speeds}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# GPU check: {report['device']}", "", f"torch {report['torch']}, Triton "
+             f"{report['triton']}, {report['seconds']:.0f} s in all", ""]
+    if "kernels" in report:
+        bad = [r for r in report["kernels"] if not r["ok"]]
+        lines += [f"## Kernels: {len(report['kernels']) - len(bad)} of {len(report['kernels'])} "
+                  "checks pass", ""]
+        lines += [f"- FAIL {r['type']} {r['family']}" + (f" M={r['M']}" if r["M"] is not None else "")
+                  + f": {r['problem']}" for r in bad]
+    if "bench" in report:
+        b = report["bench"]
+        lines += ["", "## Bench", "", f"`{b['command']}`: exit {b['returncode']}, {b['seconds']} s"
+                  " (tables in bench/bench_gpu.md)"]
+    if "model" in report:
+        m = report["model"]
+        if "error" in m:
+            lines += ["", "## Small llama", "", f"FAIL: {m['error']}"]
+        else:
+            lines += ["", "## Small llama", "",
+                      f"- greedy tokens equal the torch backend's on CPU: "
+                      f"{m['greedy_tokens_equal_cpu_torch_backend']}"
+                      + ("" if m["first_difference_at"] is None else
+                         f" (first difference at {m['first_difference_at']})")]
+            lines += [f"- {k}: {v}" for k, v in m["speeds"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace) -> None:
+    start = time.perf_counter()
+    if args.smoke:
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        raise SystemExit("error: no CUDA device (use --smoke to check the script on CPU)")
+    import triton
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"device": "CPU (Triton interpreter, smoke test)" if args.smoke
+              else torch.cuda.get_device_name(device),
+              "torch": torch.__version__, "triton": triton.__version__}
+    skip = set(filter(None, args.skip.split(",")))
+    if "kernels" not in skip:
+        types = args.types.split(",") if args.types else sorted(kernels.FORMATS)
+        shape = (lambda block: (32, 2 * block)) if args.smoke else (lambda block: (512, 4 * 256))
+        report["kernels"] = check_kernels(device, types, SMOKE_MS if args.smoke else MS, shape)
+    if "bench" not in skip:
+        report["bench"] = run_bench(args.out / "bench", args.smoke)
+    if "model" not in skip:
+        try:
+            with tempfile.TemporaryDirectory() as work:
+                report["model"] = check_model(device, Path(work), args.smoke)
+        except Exception as e:
+            report["model"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    report["seconds"] = time.perf_counter() - start
+    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    text = markdown(report)
+    (args.out / "gpu_check.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main(ARGS)
