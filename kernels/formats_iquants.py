@@ -30,6 +30,7 @@ from .fields import (
     field_run,
     lookup_run_dot,
     lookup_table,
+    mac_bf16,
     nibbles,
     opaque_zero,
     row_u16,
@@ -40,7 +41,6 @@ from .fields import (
     split4,
     words2,
     words4,
-    x4,
     x_sum,
 )
 from .registry import register
@@ -285,35 +285,21 @@ def signed_row(g, TABLE, SIGNS16: tl.constexpr, sidx):
 
 
 @triton.jit
-def bf16_pair(w):
-    """The two bfloat16 values of word w (low half first) as float32 [R]: one shift or one
-    mask each (a bfloat16 is the top half of its float32). Kept in 32-bit integers: as
-    16-bit values, LLVM packs the halves of two rows into one register (a PRMT each)."""
-    lo = (w << 16).to(tl.float32, bitcast=True)
-    hi = (w & -65536).to(tl.float32, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
 def mac_row8(acc, g, XB, AT: tl.constexpr):
     """acc + the 8 bfloat16 values of g (int32 [R, 4], two a word) times x[AT..AT+7]: one
     conversion and one FFMA a weight."""
     w0, w1, w2, w3 = split4(g)
-    x0, x1, x2, x3 = x4(XB, AT)
-    v0, v1 = bf16_pair(w0)
-    v2, v3 = bf16_pair(w1)
-    acc += v0 * x0
-    acc += v1 * x1
-    acc += v2 * x2
-    acc += v3 * x3
-    x0, x1, x2, x3 = x4(XB, AT + 4)
-    v0, v1 = bf16_pair(w2)
-    v2, v3 = bf16_pair(w3)
-    acc += v0 * x0
-    acc += v1 * x1
-    acc += v2 * x2
-    acc += v3 * x3
-    return acc
+    acc = mac_bf16(acc, w0, w1, XB, AT)
+    return mac_bf16(acc, w2, w3, XB, AT + 4)
+
+
+@triton.jit
+def mac_signed_row8(acc, TABLE, GRID16: tl.constexpr, idx, SIGNS16: tl.constexpr, sidx, XB,
+                    AT: tl.constexpr):
+    """acc + row idx of an 8-wide grid, signed by sign byte (or ksigns index) sidx, times
+    x[AT..AT+7]."""
+    g = signed_row(row_words(TABLE, GRID16, idx, 4), TABLE, SIGNS16, sidx)
+    return mac_row8(acc, g, XB, AT)
 
 
 @triton.jit
@@ -327,9 +313,9 @@ def iq2_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS
         for h in tl.static_range(2):
             s = tl.zeros(rows.shape, tl.float32)
             for r in tl.static_range(4):
-                g = row_words(TABLE, IQ2_XXS_GRID16, bits_at(w[2 * h], 8 * r, 8, 0), 4)
-                g = signed_row(g, TABLE, IQ2_XXS_SIGNS16, bits_at(w[2 * h + 1], 7 * r, 7, 0))
-                s = mac_row8(s, g, XB, 64 * c + 32 * h + 8 * r)
+                s = mac_signed_row8(s, TABLE, IQ2_XXS_GRID16, bits_at(w[2 * h], 8 * r, 8, 0),
+                                    IQ2_XXS_SIGNS16, bits_at(w[2 * h + 1], 7 * r, 7, 0), XB,
+                                    64 * c + 32 * h + 8 * r)
             acc += (shr(w[2 * h + 1], 28).to(tl.float32) + 0.5) * s
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
 
@@ -345,9 +331,9 @@ def iq2_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
         for c in tl.static_range(4):
             s = tl.zeros(rows.shape, tl.float32)
             for h in tl.static_range(2):
-                g = row_words(TABLE, IQ2_XS_GRID16, bits_at(w[c], 16 * h, 9, 0), 4)
-                g = signed_row(g, TABLE, IQ2_XS_SIGNS16, bits_at(w[c], 16 * h + 9, 7, 0))
-                s = mac_row8(s, g, XB, 64 * q + 16 * c + 8 * h)
+                s = mac_signed_row8(s, TABLE, IQ2_XS_GRID16, bits_at(w[c], 16 * h, 9, 0),
+                                    IQ2_XS_SIGNS16, bits_at(w[c], 16 * h + 9, 7, 0), XB,
+                                    64 * q + 16 * c + 8 * h)
             scale = shr(sc0 if q < 2 else sc1, 4 * (4 * (q % 2) + c)) & 15
             acc += (scale.to(tl.float32) + 0.5) * s
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
@@ -371,9 +357,8 @@ def iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
                     b = 2 * half + b2
                     idx = (bits_at(w[c], 8 * b, 8, 0)
                            | bits_at(qh0 if q == 0 else qh1, 2 * (4 * c + b), 2, 8))
-                    g = signed_row(row_words(TABLE, IQ2_S_GRID16, idx, 4), TABLE, IQ2_S_SIGNS16,
-                                   bits_at(sg[c], 8 * b, 8, 0))
-                    s = mac_row8(s, g, XB, 128 * q + 32 * c + 8 * b)
+                    s = mac_signed_row8(s, TABLE, IQ2_S_GRID16, idx, IQ2_S_SIGNS16,
+                                        bits_at(sg[c], 8 * b, 8, 0), XB, 128 * q + 32 * c + 8 * b)
                 scale = shr(sc0 if q == 0 else sc1, 4 * (2 * c + half)) & 15
                 acc += (scale.to(tl.float32) + 0.5) * s
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    bf16_pair,
     bits_at,
     concat,
     field_bytes,
@@ -76,12 +77,8 @@ def digit_rows(TABLE, w):
 
 @triton.jit
 def digit(row, K: tl.constexpr):
-    """Digit K of a byte's digit row (its 4 words) as float32 [R] (a bfloat16 is the top half
-    of its float32)."""
-    if K % 2 == 0:
-        return (row[K // 2] << 16).to(tl.float32, bitcast=True)
-    else:
-        return (row[K // 2] & -65536).to(tl.float32, bitcast=True)
+    """Digit K of a byte's digit row (its 4 words of bfloat16 pairs) as float32 [R]."""
+    return bf16_pair(row[K // 2])[K % 2]
 
 
 @triton.jit
