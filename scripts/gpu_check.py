@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The prepared GPU check: one command, meant to finish in under 8 minutes on one H200 with
-only what that machine has (torch, Triton, transformers; gguf-py and this tree travel with the
-working tree: `pip download gguf` into a folder here, `pip install --no-index` it there).
+only what that machine has (torch, Triton, transformers; gguf-py, and accelerate for the
+model part, travel with the working tree: `pip download gguf accelerate --no-deps` into a
+folder here, `pip install --no-index` them there).
 
     python scripts/gpu_check.py --out gpu-check            # a CUDA machine
     python scripts/gpu_check.py --smoke --out DIR          # CPU, Triton's interpreter, tiny
@@ -13,7 +14,8 @@ Writes gpu_check.json and gpu_check.md into --out, in three parts:
    bit for bit equal to the torch backend on the same device, matmul within tolerance of x @
    (the torch backend's dense weight).T at M in 0, 1, 3, 8, 16, 33, 256, 2048; every failure
    named.
-2. bench: scripts/bench_gpu.py --short (its own bench_gpu.json / .md in --out/bench).
+2. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS (its own
+   bench_gpu.json / .md in --out/bench).
 3. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
    K-quant types, as a Q4_K_M file has; tests/hf_models.py), converted, loaded with
    gguf_repack.hf.load_model on the device: its 32 greedy tokens against the torch backend's
@@ -67,62 +69,79 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return (got.float() - ref).abs().max().item() / scale if scale else got.abs().max().item()
 
 
-def check_kernels(device: torch.device, types: list[str], ms: list[int], shape) -> list[dict]:
-    """One row per (type, family, M): ok, and what failed."""
+def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]:
+    """One row per (family, M) of type `name`: ok, and what failed."""
     from ggml_blocks import random_blocks
 
+    device = torch.device(device)
     rng = np.random.default_rng(0)
+    qtype = TYPES_BY_NAME[name]
+    n, k = (32, 2 * qtype.block_size) if smoke else (512, 1024)
     rows = []
-    for name in types:
-        qtype = TYPES_BY_NAME[name]
-        n, k = shape(qtype.block_size)
 
-        def row(family, m, fn):
-            try:
-                problem = fn()
-            except Exception as e:  # a failure is reported, not raised: the check goes on
-                problem = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            rows.append({"type": name, "family": family, "M": m, "ok": problem is None,
-                         "problem": problem})
+    def row(family, m, fn):
+        try:
+            problem = fn()
+        except Exception as e:  # a failure is reported, not raised: the check goes on
+            problem = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        rows.append({"type": name, "family": family, "M": m, "ok": problem is None,
+                     "problem": problem})
 
-        blocks = random_blocks(qtype.id, (n, k), rng)
-        planes = {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()}
-        dense = dequantize_planes(planes, qtype).reshape(n, k)  # the torch backend, same device
+    blocks = random_blocks(qtype.id, (n, k), rng)
+    planes = {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()}
+    dense = dequantize_planes(planes, qtype).reshape(n, k)  # the torch backend, same device
 
-        def dequantize():
-            got = kernels.dequantize(planes, name, (n, k))
-            if not torch.equal(got.view(torch.int32), dense.view(torch.int32)):
-                return f"{(got != dense).sum().item()} of {dense.numel()} values differ"
+    def dequantize():
+        got = kernels.dequantize(planes, name, (n, k))
+        if not torch.equal(got.view(torch.int32), dense.view(torch.int32)):
+            return f"{(got != dense).sum().item()} of {dense.numel()} values differ"
 
-        def embedding():
-            ids = torch.tensor([[0, n - 1, 5], [5, 5, 2]], device=device)
-            if not torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids]):
-                return "rows differ"
+    def embedding():
+        ids = torch.tensor([[0, n - 1, 5], [5, 5, 2]], device=device)
+        if not torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids]):
+            return "rows differ"
 
-        row("dequantize", None, dequantize)
-        row("embedding", None, embedding)
-        for m in ms:
-            def matmul(m=m):
-                x = torch.randn(m, k, device=device, dtype=torch.float32)
-                problems = []
-                for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
-                    xd = (x / dense.abs().max()).to(dtype) if dtype == torch.float16 else x
-                    ref = xd.float() @ dense.T
-                    got = kernels.matmul(xd, planes, name, (n, k))
-                    if got.shape != (m, n) or got.dtype != dtype:
-                        problems.append(f"{dtype}: shape {tuple(got.shape)} dtype {got.dtype}")
-                    elif m and relative_error(got, ref) > tol:
-                        problems.append(f"{dtype}: relative error {relative_error(got, ref):.2e} > {tol}")
-                return "; ".join(problems) or None
-            row("matmul", m, matmul)
-        print(f"kernels {name}: {sum(not r['ok'] for r in rows if r['type'] == name)} failures",
-              file=sys.stderr)
+    row("dequantize", None, dequantize)
+    row("embedding", None, embedding)
+    for m in ms:
+        def matmul(m=m):
+            x = torch.randn(m, k, device=device, dtype=torch.float32)
+            problems = []
+            for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
+                xd = (x / dense.abs().max()).to(dtype) if dtype == torch.float16 else x
+                ref = xd.float() @ dense.T
+                got = kernels.matmul(xd, planes, name, (n, k))
+                if got.shape != (m, n) or got.dtype != dtype:
+                    problems.append(f"{dtype}: shape {tuple(got.shape)} dtype {got.dtype}")
+                elif m and relative_error(got, ref) > tol:
+                    problems.append(f"{dtype}: relative error {relative_error(got, ref):.2e} > {tol}")
+            return "; ".join(problems) or None
+        row("matmul", m, matmul)
+    print(f"kernels {name}: {sum(not r['ok'] for r in rows)} failures", file=sys.stderr, flush=True)
     return rows
+
+
+def check_kernels(device: torch.device, types: list[str], smoke: bool) -> list[dict]:
+    """check_type for every type; on a GPU in 8 processes at once: each type compiles about
+    ten kernel variants, and compiling, not running, is what takes the time."""
+    ms = SMOKE_MS if smoke else MS
+    if smoke:
+        return [r for name in types for r in check_type(name, "cpu", ms, True)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(8, os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = pool.map(check_type, types, [str(device)] * len(types), [ms] * len(types),
+                        [False] * len(types))
+        return [r for rows in done for r in rows]
 
 
 def run_bench(out: Path, smoke: bool) -> dict:
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--out", str(out)]
-    cmd += ["--smoke", "--types", "Q4_0,Q4_K"] if smoke else ["--short", "--runs", "20"]
+    # the six types bench_gpu.py runs at every shape: the others' compiles would not fit
+    cmd += (["--smoke", "--types", "Q4_0,Q4_K"] if smoke else
+            ["--short", "--runs", "20", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"])
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
     result = {"command": " ".join(cmd[1:]), "returncode": proc.returncode,
@@ -231,8 +250,7 @@ def main(args: argparse.Namespace) -> None:
     skip = set(filter(None, args.skip.split(",")))
     if "kernels" not in skip:
         types = args.types.split(",") if args.types else sorted(kernels.FORMATS)
-        shape = (lambda block: (32, 2 * block)) if args.smoke else (lambda block: (512, 4 * 256))
-        report["kernels"] = check_kernels(device, types, SMOKE_MS if args.smoke else MS, shape)
+        report["kernels"] = check_kernels(device, types, args.smoke)
     if "bench" not in skip:
         report["bench"] = run_bench(args.out / "bench", args.smoke)
     if "model" not in skip:
