@@ -212,6 +212,34 @@ def main_loop(sass: str) -> list[tuple[int, str]]:
     return [(a, op) for a, op, _ in instrs if span[0] <= a <= span[1]]
 
 
+# Dense fp16/bf16 tensor-core rate of an H100/H200 SM: 989 TFLOP/s over 132 SMs at 1.83 GHz.
+TENSOR_FLOP_PER_SM_CYCLE = 4096
+
+
+def gemm_summary(compiled, num_warps: int, bm: int, bn: int, block: int) -> dict:
+    """The GEMM's main loop against the tensor cores, estimated like the GEMV's budget (sm_90,
+    fp16 activations): per loop iteration a program multiplies BM x BN x BLOCK, which the
+    tensor cores take FLOPs / 4096 SM-cycles for; its other instructions (dequantization,
+    addressing, layout conversions) take their count x warps / 4 issue cycles. If the MMA is
+    waited for inside the iteration (`wgmma.wait_group 0`), the two add up; if not, the longer
+    one is the time. The result is the estimated fraction of an fp16 matmul's speed that the
+    instruction issue allows (memory traffic and latency are not in it)."""
+    sass, _ = cubin_sass(compiled.asm["cubin"])
+    loop = main_loop(sass)
+    tensor = sum(op.startswith(("HGMMA", "HMMA")) for _, op in loop)
+    other = len(loop) - tensor
+    waits = [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", compiled.asm["ptx"])]
+    overlap = bool(waits) and min(waits) > 0
+    tensor_cycles = 2 * bm * bn * block / TENSOR_FLOP_PER_SM_CYCLE
+    issue_cycles = other * num_warps / 4
+    time = max(tensor_cycles, issue_cycles) if overlap else tensor_cycles + issue_cycles
+    return {"tile": f"{bm}x{bn}x{block}", "warps": num_warps,
+            "stages": compiled.metadata.num_stages, "tensor_instructions": tensor,
+            "other_instructions_per_tensor_instruction": round(other / tensor, 1) if tensor else None,
+            "mma_overlaps_dequant": overlap,
+            "estimated_fraction_of_fp16_mma": round(tensor_cycles / time, 3)}
+
+
 def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
     """The static measures of one compiled kernel (see the module docstring)."""
     sass, usage = cubin_sass(compiled.asm["cubin"])

@@ -37,6 +37,7 @@ from gguf_repack_kernels.aot import (  # noqa: E402
     SMS,
     compile_family,
     compile_kernel,
+    gemm_summary,
     load_widths,
     ptx_summary,
     sass_summary,
@@ -74,8 +75,12 @@ def _row(name: str, family: str, arch: int, sass: bool) -> dict:
     fields = list(FORMATS[name].fields)
     compiled, cfg, nbytes = compile_family(family, name, arch)
     arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
-    return {"type": name, "family": family, "arch": arch,
-            **_measure(compiled, cfg, nbytes, arg_names, sass)}
+    row = {"type": name, "family": family, "arch": arch,
+           **_measure(compiled, cfg, nbytes, arg_names, sass)}
+    if sass and family == "gemm" and arch == 90:
+        row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
+                                FORMATS[name].block_size))
+    return row
 
 
 def _run(task: tuple) -> dict:
@@ -121,6 +126,15 @@ def main() -> None:
                   f"{r['weight_bytes_per_iteration']} | {r['warp_instructions_per_byte']:.3f} | "
                   f"{r['bandwidth_bound']:.2f} | {r['registers']} | {r['programs_per_sm']} | "
                   f"{r['shared_memory']} | {r['spills']} | {loads} |")
+        gemm = [r for r in rows if "estimated_fraction_of_fp16_mma" in r]
+        if gemm:
+            print("\n| type | GEMM tile (M >= 33) | warps / stages | tensor instr. | other per "
+                  "tensor instr. | MMA overlaps dequant | est. fraction of fp16 MMA |")
+            print("| --- | --- | --- | --- | --- | --- | --- |")
+            for r in gemm:
+                print(f"| {r['type']} | {r['tile']} | {r['warps']} / {r['stages']} | "
+                      f"{r['tensor_instructions']} | {r['other_instructions_per_tensor_instruction']} | "
+                      f"{r['mma_overlaps_dequant']} | {r['estimated_fraction_of_fp16_mma']} |")
     else:
         print("| type | family | arch | vector loads | scalar loads | mma / wgmma | spills |")
         print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -54,6 +54,17 @@ def test_gemm_uses_tensor_cores(ptx_rows):
             assert (r["mma"] if r["arch"] == 80 else r["wgmma"]) > 0, r
 
 
+def test_gemm_main_loop_is_measured_against_the_tensor_cores(ptx_rows):
+    """At sm_90 the GEMM's main loop is read for its tensor-core instructions (one HGMMA per
+    16 of the K step at BM = 64), the rest of what it issues, and the estimate from both."""
+    gemm = {r["type"]: r for r in ptx_rows if r["family"] == "gemm" and r["arch"] == 90}
+    assert set(gemm) == set(kernels.FORMATS)
+    for name, r in gemm.items():
+        bm, bn, block = map(int, r["tile"].split("x"))
+        assert r["tensor_instructions"] == block // 16 and bm == 64, r
+        assert 0 < r["estimated_fraction_of_fp16_mma"] <= 1, r
+
+
 # GGUF blocks whose byte size is no multiple of 8 (Q4_0: 18, Q8_0: 34, Q6_K: 210) leave the
 # raw layout no aligned run to load as a vector; Q4_K (144) or IQ4_XS (136) blocks happen to.
 UNALIGNED_RAW = {"Q4_0", "Q8_0", "Q6_K"}
