@@ -17,7 +17,8 @@ Each type also has a dot function, for the GEMV at M <= 8 (gemv.py's gemv_dot_ke
 
 the product of part `part` (of PARTS equal runs of weights, PARTS a constexpr) of block
 column j of each row with the same part of x[j * block_size:][:block_size] (XB points at the
-block's first element): the same weights, multiplied straight from the packed fields, with
+block's first element of x made float32, SB at the first of its sums of 16, both by
+gemv.py's prepare_x_kernel): the same weights, multiplied straight from the packed fields, with
 the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a block takes
 (a 256-weight block in parts lets a thread own more rows at the same registers); `dot_parts`
 says which PARTS the dot function supports.
