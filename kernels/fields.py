@@ -73,10 +73,7 @@ def words4(P, j, rows, mask, N, COUNT: tl.constexpr, FIRST):
     base = (j * N + rows).to(tl.int64) * COUNT + FIRST
     w = tl.load(P.to(tl.pointer_type(tl.int32)) + base[:, None] + tl.arange(0, 4)[None, :],
                 mask=mask[:, None], other=0)
-    a, b = tl.split(tl.reshape(w, (w.shape[0], 2, 2)))
-    w0, w2 = tl.split(a)
-    w1, w3 = tl.split(b)
-    return w0, w1, w2, w3
+    return split4(w)
 
 
 @triton.jit
@@ -182,11 +179,7 @@ def bits_at(w, P: tl.constexpr, WIDTH: tl.constexpr, AT: tl.constexpr):
         v = w << (AT - P)
     else:
         v = shr(w, P - AT)
-    MASK: tl.constexpr = ((1 << WIDTH) - 1) << AT
-    if MASK >= 1 << 31:  # as an int32
-        return v & (MASK - (1 << 32))
-    else:
-        return v & MASK
+    return v & (((1 << WIDTH) - 1) << AT)
 
 
 @triton.jit
