@@ -2,6 +2,7 @@
 (one contiguous run per row, so a tile reads it with vector loads) and joining tiles in
 ggml's weight order. Each loader casts the plane pointer to the element type it reads."""
 
+import numpy as np
 import triton
 import triton.language as tl
 
@@ -255,6 +256,14 @@ def row_u8(P, j, rows, mask, N):
     """An 8-bit field (one per block) as int32 [len(rows)], in the GEMV's layout."""
     ptr = P.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64)
     return row_load(ptr, mask, 0).to(tl.int32)
+
+
+def bf16_pair_words(values: np.ndarray) -> np.ndarray:
+    """Host side of bf16_pair: float32 values (each exact in bfloat16) as bfloat16 halves, two
+    to an int32 word, the first in the low half: the lookup tables of the GEMV."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    assert not (bits & 0xFFFF).any()  # exact: bfloat16 is the top half of float32
+    return (bits >> 16).astype(np.uint16).view("<i4").reshape(-1).astype(np.int32)
 
 
 @triton.jit

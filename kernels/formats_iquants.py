@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    bf16_pair_words,
     bits_at,
     concat,
     field,
@@ -96,13 +97,6 @@ def _grid(name):
 # signs of two weights and one shift or mask per weight makes them float32.
 
 
-def _bf16_pairs(values: np.ndarray) -> np.ndarray:
-    """float32 values (each exact in bfloat16) as bfloat16 halves, two to an int32 word."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    assert not (bits & 0xFFFF).any()  # exact: bfloat16 is the top half of float32
-    return (bits >> 16).astype(np.uint16).view("<i4").reshape(-1).astype(np.int32)
-
-
 def _grid16(name, deltas=(0.0,)):
     """gguf-py's grid as bfloat16 rows; with deltas, the whole grid once per delta, each
     added (IQ1's grid + delta, gguf-py's float32 sums, all exact in float16)."""
@@ -112,7 +106,7 @@ def _grid16(name, deltas=(0.0,)):
         cls = getattr(gguf.quants, name)
         cls.init_grid()
         grid = cls.grid.reshape(cls.grid_shape)
-        return _bf16_pairs(np.concatenate([grid + np.float32(delta) for delta in deltas]))
+        return bf16_pair_words(np.concatenate([grid + np.float32(delta) for delta in deltas]))
 
     return part
 

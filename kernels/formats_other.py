@@ -12,6 +12,7 @@ import triton.language as tl
 
 from .fields import (
     bf16_pair,
+    bf16_pair_words,
     bits_at,
     concat,
     field_bytes,
@@ -62,8 +63,7 @@ def tq1_table(device: torch.device) -> torch.Tensor:
     low half first; -1, 0, 1 are exact) and 3 zeros."""
     rows = np.zeros((256, 8), np.float32)
     rows[:, :5] = tq1_digits()
-    halves = (rows.view(np.uint32) >> 16).astype(np.uint16)
-    return torch.from_numpy(halves.view("<i4").reshape(-1).astype(np.int32)).to(device)
+    return torch.from_numpy(bf16_pair_words(rows)).to(device)
 
 
 @triton.jit
