@@ -23,6 +23,7 @@ import re
 import subprocess
 import tempfile
 from collections import Counter
+from functools import cache
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -183,6 +184,7 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(backend), "bin", name)
 
 
+@cache  # sass_summary and gemm_summary both read the same cubin's
 def cubin_sass(cubin: bytes) -> tuple[str, str]:
     """(SASS listing, resource usage) of a cubin, by the cuobjdump Triton ships."""
     with tempfile.TemporaryDirectory() as tmp:
