@@ -9,7 +9,8 @@ contiguous tensors [K / block_size, N, count]; see gguf-repack's DESIGN (layout 
     embedding(ids, planes, type_name, shape, dtype) -> rows of W, ids.shape + (K,)
 
 Each GGML type is one Triton dequant function (formats_*.py), shared by every kernel family
-(dequantize.py, gemv.py, gemm.py, embedding.py); dispatch.py picks the family by M and
+(dequantize.py, gemm.py, embedding.py), and a dot function for the GEMV (gemv.py);
+dispatch.py picks the path by M (GEMV, fused GEMM, or dequantize then torch.matmul) and
 configs.py holds the launch configurations. On CPU tensors the kernels run under Triton's
 interpreter (TRITON_INTERPRET=1 set before triton is imported).
 """

@@ -37,8 +37,9 @@ from .gemv import gemv_dot_kernel
 from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
-# gemv: the GEMV at M = 1 (decode), gemv_m8 at M = 8, both the type's dot function
-FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "embedding")
+# gemv: the GEMV at M = 1 (decode), gemv_m8 at M = 8, both the type's dot function; gemm:
+# the fused GEMM's tile for M >= 64, gemm_m16 its tile at M = 16
+FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "embedding")
 
 H200_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)
 ISSUE_PER_SM_CYCLE = 4
@@ -69,14 +70,15 @@ def _spec(family: str, fmt, act: str):
         # a program per row of x: at M = 8 each weight byte is unpacked by 8 programs
         m = 1 if family == "gemv" else 8
         cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, SMS)
-        # x comes float32 from prepare_x_kernel, whatever the activations' dtype
-        sig = {**planes, "XF": "*fp32", "XS": "*fp32", "OUT": "*fp32", "N": "i32", "B": "i32",
-               "stride_om": "i32"}
+        # x comes prepared (float32, or int8 and scales), whatever the activations' dtype
+        sig = {**planes, "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "OUT": "*fp32",
+               "N": "i32", "B": "i32", "stride_om": "i32"}
         return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
-                                      "DOT": fmt.dot}, cfg, cfg["BN"] / cfg["PARTS"] / m
-    if family == "gemm":
-        cfg = configs.gemm_config(block_size, 64)
+                                      "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
+            cfg["BN"] / cfg["PARTS"] / m
+    if family in ("gemm", "gemm_m16"):
+        cfg = configs.gemm_config(block_size, 16 if family == "gemm_m16" else 64)
         return gemm_kernel, {**common, "OUT": f"*{act}"}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             "DQ": fmt.dequant}, cfg, cfg["BN"]
@@ -235,7 +237,8 @@ def gemm_summary(compiled, num_warps: int, bm: int, bn: int, block: int) -> dict
     tensor_cycles = 2 * bm * bn * block / TENSOR_FLOP_PER_SM_CYCLE
     issue_cycles = other * num_warps / 4
     time = max(tensor_cycles, issue_cycles) if overlap else tensor_cycles + issue_cycles
-    return {"tile": f"{bm}x{bn}x{block}", "warps": num_warps,
+    return {"tile": f"{bm}x{bn}x{block}", "bm": bm, "bn": bn, "warps": num_warps,
+            "tensor_cycles_per_iteration": tensor_cycles, "issue_cycles_per_iteration": issue_cycles,
             "stages": compiled.metadata.num_stages, "tensor_instructions": tensor,
             "other_instructions_per_tensor_instruction": round(other / tensor, 1) if tensor else None,
             "mma_overlaps_dequant": overlap,
@@ -265,3 +268,51 @@ def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
         "spills": local + len(re.findall(r"\b(?:STL|LDL)\b", sass)),
         "programs_per_sm": min(by_registers, by_shared, 2048 // threads, 32),
     }
+
+
+def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
+                          gemm_rows: dict[int, dict]) -> list[dict]:
+    """Estimated time of x @ W.T for SHAPE on an H200 at M = 16, 128, 2048 by each path, and
+    as a fraction of an fp16 matmul's (the same product with an fp16 weight, at the tensor
+    cores' peak or HBM's bandwidth, whichever binds). All in SM-cycles over the 132 SMs:
+    - fused GEMM: per tile iteration its tensor and issue cycles (gemm_summary of the tile
+      the dispatcher launches at that M, `gemm_rows` by BM), over ceil(M/BM) x ceil(N/BN)
+      programs of K/BLOCK iterations; added up when one program holds an SM and waits for its
+      MMA, the larger of the two when 2+ programs share an SM (one's dequant issues while
+      another's MMA runs); at least the quantized weight's bytes.
+    - dequantize+matmul: the dequantize kernel, bound by its issue (its SASS's instructions per
+      byte) or by its bytes (quantized read, fp16 written), plus the fp16 matmul.
+    Estimates, not timings: latency, L2 and cuBLAS's own efficiency are not in them."""
+    n, k = SHAPE
+    block = FORMATS[type_name].block_size
+    weight_bytes = n * k // block * type_size
+    per_sm = SMS  # cycles below are SM-cycles summed over the SMs, divided by this
+
+    def fp16_matmul(m):
+        return max(2 * m * n * k / TENSOR_FLOP_PER_SM_CYCLE,
+                   2 * (n * k + m * k + m * n) / H200_BYTES_PER_SM_CYCLE) / per_sm
+
+    dequantize = max(dequantize_row["warp_instructions_per_byte"] * weight_bytes / ISSUE_PER_SM_CYCLE,
+                     (weight_bytes + 2 * n * k) / H200_BYTES_PER_SM_CYCLE) / per_sm
+    def fused_gemm(m):
+        g = gemm_rows[configs.gemm_config(block, m)["BM"]]
+        iterations = -(-m // g["bm"]) * -(-n // g["bn"]) * (k // block)
+        tensor, issue = g["tensor_cycles_per_iteration"], g["issue_cycles_per_iteration"]
+        both = (max(tensor, issue) if g["mma_overlaps_dequant"] or g["programs_per_sm"] >= 2
+                else tensor + issue)
+        return max(iterations * both, weight_bytes / H200_BYTES_PER_SM_CYCLE) / per_sm
+
+    # the first M (in steps of 64, the tile of gemm_rows[64]) from which dequantize-then-
+    # matmul is estimated faster
+    break_even = next((m for m in range(64, 8193, 64)
+                       if dequantize + fp16_matmul(m) < fused_gemm(m)), None)
+    rows = []
+    for m in (16, 128, 2048):
+        ref = fp16_matmul(m)
+        rows.append({"type": type_name, "M": m, "fp16_matmul_us": round(ref / 1.98e3, 1),
+                     "fused_gemm_fraction": round(ref / fused_gemm(m), 2),
+                     "dequantize_matmul_fraction": round(ref / (dequantize + ref), 2),
+                     "break_even_m": break_even,
+                     "dispatched": "gemm" if m < configs.dequantize_matmul_min_m(block)
+                     else "dequantize+matmul"})
+    return rows

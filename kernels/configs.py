@@ -4,8 +4,23 @@
 
 from __future__ import annotations
 
-# M up to this uses the GEMV family (split-K, no tensor cores), above it the GEMM family.
+# Three paths for x @ W.T, by M (dispatch.matmul_path): up to GEMV_MAX_M the GEMV family
+# (split-K, no tensor cores: the weight read is the whole cost); then the fused GEMM family
+# (tensor cores, each weight tile dequantized once per BM rows of x); from
+# dequantize_matmul_min_m on, the weight dequantized once, into x's dtype, by the dequantize
+# family, then torch.matmul (cuBLAS).
 GEMV_MAX_M = 8
+
+
+def dequantize_matmul_min_m(block_size: int) -> int:
+    """The fused GEMM dequantizes every weight M / BM times, and issuing that costs more
+    than the tensor cores' time for the tile (0.13-0.33 of an fp16 matmul's speed at M >=
+    64); dequantizing once costs about the weight written as fp16 and read back (9 us for a
+    4096 x 4096 Q4_K on an H200). Estimated from the SASS (scripts/inspect_kernels.py --sass,
+    BENCHMARKS.md "GEMM paths"), dequantize-then-matmul gets ahead from M = 128-320 by type,
+    192 the median for 32- and for 256-weight blocks alike; so 192 for every block size,
+    until GPU timings (scripts/bench_gpu.py) say otherwise."""
+    return 192
 
 
 def dequantize_config(block_size: int) -> dict:
@@ -30,7 +45,7 @@ def gemm_config(block_size: int, m: int) -> dict:
 # Chosen from scripts/inspect_kernels.py --sass (instructions per byte under the H200
 # budget, registers under 128 so that 4 programs fit an SM, no spills); the defaults are
 # 4 rows, whole blocks.
-GEMV_ROWS = {"Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ1_0": 1, "TQ2_0": 2,
+GEMV_ROWS = {"Q2_K": 2, "Q3_K": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ1_0": 1, "TQ2_0": 2,
              **dict.fromkeys(["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"], 2)}
 GEMV_PARTS = {"IQ4_XS": 4, "IQ1_M": 2}
 

@@ -1,4 +1,4 @@
-"""The launchers: planes in, tensors out. The one place that chooses a kernel family by M.
+"""The launchers: planes in, tensors out. The one place that chooses a matmul path by M.
 
 Dequantize and embedding must equal the torch backend bit for bit, so they are compiled with
 FP fusion off (on a GPU, Triton would otherwise turn `d * q + m` into one FMA, rounded once
@@ -13,7 +13,7 @@ from . import configs
 from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
-from .gemv import gemv_dot_kernel, prepare_x_kernel
+from .gemv import gemv_dot_kernel, prepare_x_kernel, prepare_x_q8_kernel
 from .registry import FORMATS, MAX_PLANES, Format
 
 # Each module registers its types on import.
@@ -97,6 +97,16 @@ def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
     return torch.empty(m, n, device=x.device, dtype=x.dtype)
 
 
+def matmul_path(type_name: str, m: int) -> str:
+    """Which of the three paths multiplies M rows of x (configs.py says why): "gemv",
+    "gemm" (fused) or "dequantize+matmul"."""
+    if m <= configs.GEMV_MAX_M:
+        return "gemv"
+    if m >= configs.dequantize_matmul_min_m(_format(type_name).block_size):
+        return "dequantize+matmul"
+    return "gemm"
+
+
 def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape) -> torch.Tensor:
     """x @ W.T for a 2-D weight of torch shape (N, K): (..., K) -> (..., N) in x's dtype."""
     fmt = _format(type_name)
@@ -106,22 +116,35 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
     m = x2.shape[0]
     if m == 0:  # engines do send empty batches; no kernel is launched for them
         return x.new_empty(*x.shape[:-1], n)
+    path = matmul_path(type_name, m)
+    if path == "dequantize+matmul":
+        # the weight in x's dtype (float32 for float32 x), made afresh each call: torch's
+        # caching allocator hands the same memory back, where a buffer kept here would hold
+        # the largest weight's dense copy (an output head: a GB) for good
+        w = dequantize(planes, type_name, (n, k), x.dtype)
+        return (x2 @ w.T).reshape(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
-    if m <= configs.GEMV_MAX_M:
+    if path == "gemv":
         cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(x.device))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         if x.device.type != "cuda":
             # the interpreter runs a program's rows as one array: tiles sized for a GPU's
             # threads (up to 2048 rows) would mostly compute masked rows
             cfg["BN"] = min(cfg["BN"], max(32, triton.next_power_of_2(n)))
-        xf = torch.empty(m, k, device=x.device, dtype=torch.float32)
         xs = torch.empty(m, k // 16, device=x.device, dtype=torch.float32)
-        prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), BK=1024)
+        if fmt.x_int8:
+            xf = torch.empty(m, b * fmt.x_stride, device=x.device, dtype=torch.int8)
+            prepare_x_q8_kernel[(m, triton.cdiv(k, 1024))](
+                x2, xf, xs, k, x2.stride(0), BLOCK=fmt.block_size, XSTRIDE=fmt.x_stride, BK=1024)
+        else:
+            xf = torch.empty(m, k, device=x.device, dtype=torch.float32)
+            prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), BK=1024)
         out = _gemv_output(m, n, cfg["SPLIT_K"], x)
         grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
         gemv_dot_kernel[grid](*args, xf, xs, out, n, b, out.stride(0),
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
-                              PARTS=cfg["PARTS"], DOT=fmt.dot, num_warps=cfg["num_warps"])
+                              PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
+                              num_warps=cfg["num_warps"])
     else:
         cfg = configs.gemm_config(fmt.block_size, m)
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)

@@ -2,9 +2,16 @@
 (one contiguous run per row, so a tile reads it with vector loads) and joining tiles in
 ggml's weight order. Each loader casts the plane pointer to the element type it reads."""
 
+import os
+
 import numpy as np
 import triton
 import triton.language as tl
+
+# Whether triton.jit runs these functions in its interpreter (decided, as Triton decides it,
+# when the module is imported): the interpreter cannot run inline PTX, so `dot4` has a
+# plain-integer twin for it.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @triton.jit
@@ -152,6 +159,53 @@ def x_sum(SB, AT: tl.constexpr, COUNT: tl.constexpr):
     for i in tl.static_range(1, COUNT // 16):
         total += tl.load(SB + AT // 16 + i)
     return total
+
+
+# --- GEMV with int8 x (types whose weights are too few bits for a float per weight) ---
+#
+# A 2- or 3-bit weight leaves the GEMV about 3 instructions per weight at the H200 budget,
+# and a float multiply-add of each weight spends that on its own. For those types x is
+# quantized per 32 values to int8 once per call (prepare_x_q8_kernel, as gguf-py's Q8_0 and
+# llama.cpp's q8_1 do) and 4 weights at a time are multiplied by one DP4A: a mask puts 4
+# fields, one per byte, where DP4A reads them. The block's x is then XSTRIDE bytes:
+# BLOCK int8 values and the float32 scale of each 32.
+
+
+@triton.jit
+def dot4(a, b, c, A_SIGNED: tl.constexpr = False):
+    """c + the sum of the 4 bytes of a (unsigned, or signed with A_SIGNED) times those of b
+    (signed), int32 [R]: one PTX dp4a; in the interpreter the same sum spelled out."""
+    if INTERPRETED:
+        for i in tl.static_range(4):
+            if A_SIGNED:
+                ai = (a << (24 - 8 * i)) >> 24
+            else:
+                ai = (a >> (8 * i)) & 255
+            c += ai * ((b << (24 - 8 * i)) >> 24)
+        return c
+    elif A_SIGNED:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def x8_words(XB, AT: tl.constexpr):
+    """x[AT..AT+15] of the block at XB (prepare_x_q8_kernel's int8 x) as four int32 words,
+    4 values each (one 16-byte load, the same address in every lane)."""
+    v = tl.reshape(tl.load(XB.to(tl.pointer_type(tl.int32)) + AT // 4 + tl.arange(0, 4)), (2, 2))
+    a, b = tl.split(v)
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def x8_scale(XB, BLOCK: tl.constexpr, AT: tl.constexpr):
+    """The float32 scale of x[AT..AT+31]'s int8 values (AT a multiple of 32)."""
+    return tl.load((XB + BLOCK).to(tl.pointer_type(tl.float32)) + AT // 32)
 
 
 @triton.jit

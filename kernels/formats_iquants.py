@@ -26,6 +26,7 @@ from .fields import (
     bf16_pair_words,
     bits_at,
     concat,
+    dot4,
     field,
     field_f16,
     field_run,
@@ -42,6 +43,8 @@ from .fields import (
     split4,
     words2,
     words4,
+    x8_scale,
+    x8_words,
     x_sum,
 )
 from .registry import register
@@ -415,22 +418,28 @@ def iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 
 @triton.jit
 def iq1_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """IQ1_S: per 32 weights a 16-bit qh value (four 3-bit grid row highs, a 3-bit scale s,
-    the delta's sign on top) and 4 qs bytes (grid row lows):
-    d * (2 s + 1) * (sum(grid x) + delta * sum(x)), delta = +-1/8."""
+    """IQ1_S (int8 x): per 32 weights a 16-bit qh value (four 3-bit grid row highs, a 3-bit
+    scale s, the delta's sign on top) and 4 qs bytes (grid row lows):
+    d * (2 s + 1) * (sum(grid x) + delta * sum(x)), delta = +-1/8. A grid row is 8 signed
+    bytes (the dequant's table), 4 a DP4A."""
     acc = tl.zeros(rows.shape, tl.float32)
     for qq in tl.static_range(2 // PARTS):  # halves of 128 weights: q = part with PARTS 2
         q = (2 // PARTS) * part + qq
         w = words4(P1, j, rows, mask, N, 8, 4 * q)
         qh = words2(P2, j, rows, mask, N, 4, 2 * q)
         for c in tl.static_range(4):  # group 4q + c: half c % 2 of qh word c // 2
-            s = tl.zeros(rows.shape, tl.float32)
+            s = tl.zeros(rows.shape, tl.int32)
             for r in tl.static_range(4):
+                if r % 2 == 0:
+                    xw = x8_words(XB, 128 * q + 32 * c + 8 * r)  # for rows r and r + 1
                 idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(qh[c // 2], 16 * (c % 2) + 3 * r, 3, 8)
-                s = mac_row8(s, row_words(TABLE, IQ1_S_GRID16, idx, 4), XB + 128 * q, 32 * c + 8 * r)
+                g0, g1 = tl.split(row_words(TABLE, 0, idx, 2))
+                s = dot4(g0, xw[2 * (r % 2)], s, True)
+                s = dot4(g1, xw[2 * (r % 2) + 1], s, True)
             hv = shr(qh[c // 2], 16 * (c % 2))
-            s += tl.where((hv & 0x8000) != 0, -0.125, 0.125) * x_sum(SB + 8 * q, 32 * c, 32)
-            acc += (2 * (shr(hv, 12) & 7) + 1).to(tl.float32) * s
+            sum_x = s.to(tl.float32) * x8_scale(XB, 256, 128 * q + 32 * c)
+            sum_x += tl.where((hv & 0x8000) != 0, -0.125, 0.125) * x_sum(SB + 8 * q, 32 * c, 32)
+            acc += (2 * (shr(hv, 12) & 7) + 1).to(tl.float32) * sum_x
     return scale_f16(P0, j, rows, mask, N) * acc
 
 
@@ -546,7 +555,7 @@ def shifted(grid, negative):
 
 
 @register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,
-          dot_parts=(1, 2))
+          dot_parts=(1, 2), x_int8=True)
 @triton.jit
 def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

@@ -5,6 +5,7 @@ import triton.language as tl
 
 from .fields import (
     concat,
+    dot4,
     field_bytes,
     field_f16,
     mac4,
@@ -14,6 +15,8 @@ from .fields import (
     scale_f16,
     shr,
     words4,
+    x8_scale,
+    x8_words,
     x_sum,
 )
 from .registry import register
@@ -161,71 +164,91 @@ def q5_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 @triton.jit
 def q2_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """Q2_K, half n of the block per call (PARTS 2) or both (PARTS 1): weights 128n + 32k + l
-    are bits 2k..2k+1 of qs byte 32n + l; sub-block 8n + 2k + l // 16 has 4-bit scale and
-    min in its scale byte: d * sum(scale sum(q x)) - dmin * sum(min sum(x))."""
-    z = opaque_zero(N)
+    """Q2_K (int8 x), half n of the block per call (PARTS 2) or both (PARTS 1): weights
+    128n + 32k + l are bits 2k..2k+1 of qs byte 32n + l; sub-block 8n + 2k + l // 16 has
+    4-bit scale and min in its scale byte: d * sum(scale sum(q x)) - dmin * sum(min sum(x)).
+    The 2-bit fields are multiplied where they lie, at bit 2k of each byte (4 a DP4A), and
+    the 2**2k taken out once per 32 weights, with x's scale."""
     sc_words = words4(P0, j, rows, mask, N, 4, 0)
     by_scale = tl.zeros(rows.shape, tl.float32)
     by_min = tl.zeros(rows.shape, tl.float32)
     for nn in tl.static_range(2 // PARTS):
         n = (2 // PARTS) * part + nn
-        for half in tl.static_range(2):
-            w = words4(P1, j, rows, mask, N, 16, 8 * n + 4 * half)
-            for k in tl.static_range(4):
-                s = tl.zeros(rows.shape, tl.float32)
+        if PARTS == 1:
+            sc0 = sc_words[2 * nn]
+            sc1 = sc_words[2 * nn + 1]
+        else:
+            sc0 = tl.where(part == 0, sc_words[0], sc_words[2])
+            sc1 = tl.where(part == 0, sc_words[1], sc_words[3])
+        w_lo = words4(P1, j, rows, mask, N, 16, 8 * n)  # qs bytes 32n + l, l < 16
+        w_hi = words4(P1, j, rows, mask, N, 16, 8 * n + 4)  # l >= 16
+        for k in tl.static_range(4):
+            sub = tl.zeros(rows.shape, tl.int32)  # both sub-blocks of these 32 weights
+            for half in tl.static_range(2):
+                w = w_lo if half == 0 else w_hi
+                xw = x8_words(XB, 128 * n + 32 * k + 16 * half)
+                s = tl.zeros(rows.shape, tl.int32)
                 for c in tl.static_range(4):
-                    s = mac4(s, w[c], XB + 128 * n, 32 * k + 16 * half + 4 * c, 2 * k, 8, 2, 0, z)
+                    if k < 3:
+                        s = dot4(w[c] & (0x03030303 << (2 * k)), xw[c], s)
+                    else:  # 0xC0C0C0C0, as the int32 it is
+                        s = dot4(w[c] & (0xC0C0C0C0 - (1 << 32)), xw[c], s)
                 # sub-block 8n + 2k + half: byte (2k + half) % 4 of scale word 2n + k // 2
-                if PARTS == 1:
-                    word = sc_words[2 * nn + k // 2]
-                else:
-                    word = tl.where(part == 0, sc_words[k // 2], sc_words[2 + k // 2])
-                byte = shr(word, 8 * ((2 * k + half) % 4))
-                by_scale += (byte & 15).to(tl.float32) * s
+                byte = shr(sc0 if k < 2 else sc1, 8 * ((2 * k + half) % 4))
+                sub += (byte & 15) * s
                 by_min += ((byte >> 4) & 15).to(tl.float32) * x_sum(SB, 128 * n + 32 * k + 16 * half, 16)
+            by_scale += sub.to(tl.float32) * (x8_scale(XB, 256, 128 * n + 32 * k) * (1.0 / (1 << (2 * k))))
     return scale_f16(P2, j, rows, mask, N) * by_scale - scale_f16(P3, j, rows, mask, N) * by_min
 
 
 @triton.jit
 def q3_k_scale(w0, w1, w2, S: tl.constexpr):
-    """Q3_K's 6-bit scale S less 32, as float32: low 4 bits nibble S // 8 of scale byte
-    S % 8 (words w0, w1), top 2 bits 2-bit field S // 4 of byte 8 + S % 4 (w2)."""
+    """Q3_K's 6-bit scale S less 32, int32: low 4 bits nibble S // 8 of scale byte S % 8
+    (words w0, w1), top 2 bits 2-bit field S // 4 of byte 8 + S % 4 (w2)."""
     low = shr(w0 if (S % 8) < 4 else w1, 8 * (S % 4) + 4 * (S // 8)) & 15
     top = shr(w2, 8 * (S % 4) + 2 * (S // 4)) & 3
-    return ((low | (top << 4)) - 32).to(tl.float32)
+    return (low | (top << 4)) - 32
 
 
 @triton.jit
 def q3_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """Q3_K (PARTS 1): weights 128n + 32k + l are bits 2k..2k+1 of qs byte 32n + l and bit
-    4n + k of hmask byte l (set: +0, clear: -4), assembled in place as one 3-bit field less 4;
-    sub-block 8n + 2k + l // 16 has a 6-bit scale less 32: d * sum(scale sum(q x))."""
-    z = opaque_zero(N)
+    """Q3_K (int8 x, PARTS 1): weights 128n + 32k + l are bits 2k..2k+1 of qs byte 32n + l
+    and bit 4n + k of hmask byte l (set: +0, clear: -4); sub-block 8n + 2k + l // 16 has a
+    6-bit scale less 32: d * sum(scale (sum(q x) - 4 sum(x))), q the 3-bit field. The field
+    is assembled where the 2 low bits lie, at bit e = 2k of each byte (for k = 3 all moved
+    down to bit 4, so that it stays in its byte), 4 multiplied by a DP4A, and the 2**e
+    taken out once per 32 weights, with x's scale."""
     s0 = row_word(P2, j, rows, mask, N, 3, 0)
     s1 = row_word(P2, j, rows, mask, N, 3, 1)
     s2 = row_word(P2, j, rows, mask, N, 3, 2)
-    acc = tl.zeros(rows.shape, tl.float32)
+    hm_lo = words4(P0, j, rows, mask, N, 8, 0)  # hmask bytes l < 16
+    hm_hi = words4(P0, j, rows, mask, N, 8, 4)  # l >= 16
+    by_q = tl.zeros(rows.shape, tl.float32)
+    by_x = tl.zeros(rows.shape, tl.float32)  # sum(scale sum(x)), what the 4 multiplies
     for n in tl.static_range(2):
-        for half in tl.static_range(2):
-            w = words4(P1, j, rows, mask, N, 16, 8 * n + 4 * half)
-            hm = words4(P0, j, rows, mask, N, 8, 4 * half)
-            for k in tl.static_range(4):
-                s = tl.zeros(rows.shape, tl.float32)
+        w_lo = words4(P1, j, rows, mask, N, 16, 8 * n)
+        w_hi = words4(P1, j, rows, mask, N, 16, 8 * n + 4)
+        for k in tl.static_range(4):
+            e = 2 * k if k < 3 else 4  # the field's bit in each byte
+            sub = tl.zeros(rows.shape, tl.int32)  # both sub-blocks of these 32 weights
+            for half in tl.static_range(2):
+                w = w_lo if half == 0 else w_hi
+                hm = hm_lo if half == 0 else hm_hi
+                xw = x8_words(XB, 128 * n + 32 * k + 16 * half)
+                s = tl.zeros(rows.shape, tl.int32)
                 for c in tl.static_range(4):
-                    first = 128 * n + 32 * k + 16 * half + 4 * c  # of these 4 weights
-                    # the 2 low bits at bit 2k of each byte, the hmask bit put above them (for
-                    # k = 3 all shifted down by 2, so that the 3-bit field stays in its byte)
+                    # hmask bit 4n + k of each byte, moved to bit e + 2 of its byte
+                    high = shifted(hm[c], e + 2 - 4 * n - k) & (0x04040404 << e)
                     if k < 3:
-                        high = shifted(hm[c], k + 2 - 4 * n) & (0x04040404 << (2 * k))
-                        q = (w[c] & (0x03030303 << (2 * k))) | high
-                        s = mac4(s, q, XB, first, 2 * k, 8, 3, 4, z)
+                        q = (w[c] & (0x03030303 << e)) | high
                     else:
-                        high = shifted(hm[c], 3 - 4 * n) & 0x40404040
                         q = (shr(w[c], 2) & 0x30303030) | high
-                        s = mac4(s, q, XB, first, 4, 8, 3, 4, z)
-                acc += q3_k_scale(s0, s1, s2, 8 * n + 2 * k + half) * s
-    return scale_f16(P3, j, rows, mask, N) * acc
+                    s = dot4(q, xw[c], s)
+                scale = q3_k_scale(s0, s1, s2, 8 * n + 2 * k + half)
+                sub += scale * s
+                by_x += scale.to(tl.float32) * x_sum(SB, 128 * n + 32 * k + 16 * half, 16)
+            by_q += sub.to(tl.float32) * (x8_scale(XB, 256, 128 * n + 32 * k) * (1.0 / (1 << e)))
+    return scale_f16(P3, j, rows, mask, N) * (by_q - 4 * by_x)
 
 
 @triton.jit
@@ -263,7 +286,8 @@ def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
     return scale_f16(P3, j, rows, mask, N) * acc
 
 
-@register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2))
+@register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2),
+          x_int8=True)
 @triton.jit
 def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P0, j, rows, mask, N, 16)
@@ -273,7 +297,7 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return q * per_weight(dl, 16) - per_weight(ml, 16)
 
 
-@register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot)
+@register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True)
 @triton.jit
 def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)

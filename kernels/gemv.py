@@ -34,12 +34,51 @@ def prepare_x_kernel(X, XF, XS, K, stride_xm, BK: tl.constexpr):
 
 
 @triton.jit
+def round_half_away(v):
+    """v rounded to the nearest integer, halves away from zero (C's roundf, gguf-py's
+    np_roundf), spelled as gguf-py spells it so that every float rounds the same way."""
+    a = tl.abs(v)
+    whole = tl.floor(a)
+    r = whole + tl.floor(2 * (a - whole))
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def prepare_x_q8_kernel(X, XQ, XS, K, stride_xm, BLOCK: tl.constexpr, XSTRIDE: tl.constexpr,
+                        BK: tl.constexpr):
+    """The int8 GEMV's x (fields.py, "GEMV with int8 x"): row program_id(0) of X quantized
+    per 32 values exactly as gguf-py's Q8_0 quantizes (d = max|x| / 127, q = roundf(x / d),
+    d kept as float16), into XQ [M, K / BLOCK, XSTRIDE] bytes: each block's BLOCK values,
+    then its float32 d's; and XS [M, K // 16], the sums of 16 of q * d (exact: 11 bits of
+    sum times an 11-bit d) for the sub-blocks' mins."""
+    m = tl.program_id(0)
+    cols = tl.program_id(1) * BK + tl.arange(0, BK)
+    live = cols < K
+    x = tl.load(X + m * stride_xm + cols, mask=live, other=0.0).to(tl.float32)
+    x32 = tl.reshape(x, (BK // 32, 32))
+    d = tl.max(tl.abs(x32), axis=1) / 127
+    inv = tl.where(d == 0, 0.0, 1 / tl.where(d == 0, 1.0, d))
+    q = round_half_away(x32 * inv[:, None])
+    d = d.to(tl.float16).to(tl.float32)
+    block_at = m * (K // BLOCK) * XSTRIDE + (cols // BLOCK) * XSTRIDE
+    tl.store(XQ + block_at + cols % BLOCK, tl.reshape(q, (BK,)).to(tl.int8), mask=live)
+    firsts = tl.program_id(1) * BK + tl.arange(0, BK // 32) * 32  # of each 32
+    d_at = m * (K // BLOCK) * XSTRIDE + (firsts // BLOCK) * XSTRIDE + BLOCK
+    tl.store((XQ + d_at).to(tl.pointer_type(tl.float32)) + (firsts % BLOCK) // 32, d,
+             mask=firsts < K)
+    sums = tl.sum(tl.reshape(q, (BK // 32, 2, 16)), axis=2) * d[:, None]
+    groups = tl.program_id(1) * (BK // 16) + tl.arange(0, BK // 16)
+    tl.store(XS + m * (K // 16) + groups, tl.reshape(sums, (BK // 16,)), mask=groups < K // 16)
+
+
+@triton.jit
 def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, stride_om,
                     BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
-                    PARTS: tl.constexpr, DOT: tl.constexpr):
-    # XF, XS: prepare_x_kernel's float32 x and its sums of 16, rows of B * BLOCK and
-    # B * BLOCK // 16
-    XF += tl.program_id(2) * B * BLOCK
+                    PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr):
+    # XF, XS: the prepared x (prepare_x_kernel's float32 x, XSTRIDE = BLOCK elements a
+    # block, or prepare_x_q8_kernel's int8 x and scales, XSTRIDE bytes a block) and the sums
+    # of 16 of x, rows of B * XSTRIDE and B * BLOCK // 16
+    XF += tl.program_id(2) * B * XSTRIDE
     XS += tl.program_id(2) * B * (BLOCK // 16)
     OUT += tl.program_id(2) * stride_om
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -48,7 +87,7 @@ def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, stride_om,
     i = tl.program_id(1)  # over (block column, part) pairs
     while i < B * PARTS:
         j = i // PARTS
-        acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + j * BLOCK,
+        acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + j * XSTRIDE,
                    XS + j * (BLOCK // 16), i % PARTS, PARTS)
         i += SPLIT_K
     if SPLIT_K == 1:

@@ -18,7 +18,8 @@ Each type also has a dot function, for the GEMV at M <= 8 (gemv.py's gemv_dot_ke
 the product of part `part` (of PARTS equal runs of weights, PARTS a constexpr) of block
 column j of each row with the same part of x[j * block_size:][:block_size] (XB points at the
 block's first element of x made float32, SB at the first of its sums of 16, both by
-gemv.py's prepare_x_kernel): the same weights, multiplied straight from the packed fields, with
+gemv.py's prepare_x_kernel; for an `x_int8` type XB points at its int8 x and their scales,
+see fields.py's "GEMV with int8 x"): the same weights, multiplied straight from the packed fields, with
 the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a block takes
 (a 256-weight block in parts lets a thread own more rows at the same registers); `dot_parts`
 says which PARTS the dot function supports.
@@ -43,6 +44,13 @@ class Format:
     dot: object  # a triton JITFunction for the GEMV (M <= 8), see above
     table: Callable[[torch.device], torch.Tensor] | None = None  # lookup table, per device
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
+    x_int8: bool = False  # its dot function multiplies x quantized per 32 to int8
+
+    @property
+    def x_stride(self) -> int:
+        """Elements of prepared x a block takes: float32 values, or int8 values and the
+        float32 scale of each 32 (in bytes)."""
+        return self.block_size + self.block_size // 8 if self.x_int8 else self.block_size
 
 
 FORMATS: dict[str, Format] = {}
@@ -50,13 +58,13 @@ FORMATS: dict[str, Format] = {}
 
 def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
-             dot_parts: tuple[int, ...] = (1,)):
+             dot_parts: tuple[int, ...] = (1,), x_int8: bool = False):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
     def wrap(fn):
         assert name not in FORMATS, name
-        FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts)
+        FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8)
         return fn
 
     return wrap

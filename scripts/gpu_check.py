@@ -71,7 +71,7 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]:
     """One row per (family, M) of type `name`: ok, and what failed."""
-    from ggml_blocks import random_blocks
+    from ggml_blocks import as_q8_0, random_blocks
 
     device = torch.device(device)
     rng = np.random.default_rng(0)
@@ -109,7 +109,11 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
             problems = []
             for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
                 xd = (x / dense.abs().max()).to(dtype) if dtype == torch.float16 else x
-                ref = xd.float() @ dense.T
+                xr = xd.float()
+                if kernels.FORMATS[name].x_int8 and m <= kernels.configs.GEMV_MAX_M:
+                    # this type's GEMV multiplies x as gguf-py's Q8_0 stores it
+                    xr = torch.from_numpy(as_q8_0(xr.cpu().numpy())).to(device)
+                ref = xr @ dense.T
                 got = kernels.matmul(xd, planes, name, (n, k))
                 if got.shape != (m, n) or got.dtype != dtype:
                     problems.append(f"{dtype}: shape {tuple(got.shape)} dtype {got.dtype}")

@@ -39,6 +39,7 @@ from gguf_repack_kernels.aot import (  # noqa: E402
     compile_kernel,
     gemm_summary,
     load_widths,
+    matmul_path_estimates,
     ptx_summary,
     sass_summary,
 )
@@ -77,10 +78,24 @@ def _row(name: str, family: str, arch: int, sass: bool) -> dict:
     arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
     row = {"type": name, "family": family, "arch": arch,
            **_measure(compiled, cfg, nbytes, arg_names, sass)}
-    if sass and family == "gemm" and arch == 90:
+    if sass and family in ("gemm", "gemm_m16") and arch == 90:
         row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
                                 FORMATS[name].block_size))
     return row
+
+
+def _add_path_estimates(rows: list[dict]) -> None:
+    """The three matmul paths' estimates (aot.matmul_path_estimates), on the sm_90 GEMM row
+    of each type whose dequantize and both GEMM tiles were compiled for sm_90."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    at90 = {(r["type"], r["family"]): r for r in rows if r["arch"] == 90}
+    for (name, family), r in at90.items():
+        dq, m16 = at90.get((name, "dequantize")), at90.get((name, "gemm_m16"))
+        if family == "gemm" and dq and m16:
+            by_bm = {g["bm"]: g for g in (r, m16)}
+            type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
+            r["matmul_path_estimates"] = matmul_path_estimates(name, type_size, dq, by_bm)
 
 
 def _run(task: tuple) -> dict:
@@ -103,8 +118,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     archs = [int(a) for a in args.arch.split(",")]
+    # gemm_m16 is there for the H200 estimates only: sm_90
     tasks = [("rp1", name, family, arch, args.sass) for name in args.types.split(",")
-             for family in args.families.split(",") for arch in archs]
+             for family in args.families.split(",") for arch in archs
+             if not (family == "gemm_m16" and arch != 90)]
     if not args.no_raw:
         from raw_layout_kernels import RAW_DEQUANT
 
@@ -114,6 +131,8 @@ def main() -> None:
             rows = list(pool.map(_run, tasks))
     else:
         rows = [_run(task) for task in tasks]
+    if args.sass:
+        _add_path_estimates(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.sass:
@@ -128,13 +147,23 @@ def main() -> None:
                   f"{r['shared_memory']} | {r['spills']} | {loads} |")
         gemm = [r for r in rows if "estimated_fraction_of_fp16_mma" in r]
         if gemm:
-            print("\n| type | GEMM tile (M >= 33) | warps / stages | tensor instr. | other per "
-                  "tensor instr. | MMA overlaps dequant | est. fraction of fp16 MMA |")
-            print("| --- | --- | --- | --- | --- | --- | --- |")
+            print("\n| type | family | GEMM tile | warps / stages | progs/SM | tensor instr. | "
+                  "other per tensor instr. | MMA overlaps dequant | est. fraction of fp16 MMA |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             for r in gemm:
-                print(f"| {r['type']} | {r['tile']} | {r['warps']} / {r['stages']} | "
-                      f"{r['tensor_instructions']} | {r['other_instructions_per_tensor_instruction']} | "
+                print(f"| {r['type']} | {r['family']} | {r['tile']} | {r['warps']} / {r['stages']} | "
+                      f"{r['programs_per_sm']} | {r['tensor_instructions']} | "
+                      f"{r['other_instructions_per_tensor_instruction']} | "
                       f"{r['mma_overlaps_dequant']} | {r['estimated_fraction_of_fp16_mma']} |")
+        paths = [e for r in rows for e in r.get("matmul_path_estimates", [])]
+        if paths:
+            print("\n| type | M | fp16 matmul (us, est.) | fused GEMM / fp16 | dequantize+matmul "
+                  "/ fp16 | dispatched | break-even M |")
+            print("| --- | --- | --- | --- | --- | --- | --- |")
+            for e in paths:
+                print(f"| {e['type']} | {e['M']} | {e['fp16_matmul_us']} | "
+                      f"{e['fused_gemm_fraction']} | {e['dequantize_matmul_fraction']} | "
+                      f"{e['dispatched']} | {e['break_even_m']} |")
     else:
         print("| type | family | arch | vector loads | scalar loads | mma / wgmma | spills |")
         print("| --- | --- | --- | --- | --- | --- | --- |")

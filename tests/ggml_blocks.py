@@ -37,6 +37,13 @@ def random_blocks(qtype_id: int, shape: tuple[int, ...], rng: np.random.Generato
     return blocks
 
 
+def as_q8_0(x: np.ndarray) -> np.ndarray:
+    """x [..., K] quantized per 32 by gguf-py's Q8_0 and dequantized, float32: what the GEMV
+    of an int8-x type (the kernels' registry, `x_int8`) multiplies at M <= 8."""
+    q8 = GGMLQuantizationType.Q8_0
+    return gguf.quants.dequantize(gguf.quants.quantize(np.asarray(x, np.float32), q8), q8)
+
+
 def tensor_bytes(qtype_id: int, shape: tuple[int, ...], rng) -> np.ndarray:
     """Random valid data of a tensor as GGUFWriter takes it: uint8 [..., bytes per row]."""
     blocks = random_blocks(qtype_id, shape, rng)

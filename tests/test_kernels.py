@@ -1,11 +1,12 @@
 """The Triton kernels under Triton's interpreter (CPU tensors, small shapes): dequantize
 bitwise equal to the torch backend, matmul within float tolerance, embedding exact."""
 
+import gguf
 import gguf_repack_kernels as kernels
 import numpy as np
 import pytest
 import torch
-from ggml_blocks import random_blocks
+from ggml_blocks import as_q8_0, random_blocks
 
 from gguf_repack.dequant import DEQUANTIZERS, dequantize_planes
 from gguf_repack.layout import pack
@@ -18,6 +19,14 @@ def make_planes(name, shape, rng):
     qtype = TYPES_BY_NAME[name]
     blocks = random_blocks(qtype.id, shape, rng)
     return qtype, {k: torch.from_numpy(v) for k, v in pack(blocks, qtype).items()}
+
+
+def gemv_x(name, x):
+    """The x that the decode GEMV (M <= 8) multiplies: x, or for a type whose dot function
+    takes int8 x, x as gguf-py's Q8_0 stores it."""
+    if x.shape[0] <= kernels.configs.GEMV_MAX_M and kernels.FORMATS[name].x_int8:
+        return torch.from_numpy(as_q8_0(x.float().numpy()))
+    return x.float()
 
 
 def test_every_torch_type_has_a_kernel():
@@ -53,17 +62,34 @@ def test_matmul_and_embedding(name, k_blocks, batches, rng):
     dense = dequantize_planes(planes, qtype)
     for m in batches:  # GEMV (split-K) up to M=8, GEMM above
         x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
-        ref = x @ dense.T
+        ref = gemv_x(name, x) @ dense.T
         got = kernels.matmul(x, planes, name, (n, k))
         assert got.shape == (m, n) and got.dtype == torch.float32
         assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, (name, m)
         xh = (x / dense.abs().max()).half()  # keeps x @ W.T inside float16's range
-        ref_h = xh.float() @ dense.T
+        ref_h = gemv_x(name, xh) @ dense.T
         got_h = kernels.matmul(xh, planes, name, (n, k))
         assert got_h.dtype == torch.float16
         assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, m)
     ids = torch.tensor([[0, 36, 5], [5, 5, 17]])
     assert torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids])
+
+
+@pytest.mark.parametrize("name", KERNEL_TYPES)
+def test_matmul_from_the_threshold_on_dequantizes_then_multiplies(name, rng, monkeypatch):
+    """At M >= configs.dequantize_matmul_min_m(block size) the weight is dequantized into x's dtype and
+    multiplied by torch: the very product of the torch backend's weight, bit for bit."""
+    qtype = TYPES_BY_NAME[name]
+    n, k = 37, 2 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    monkeypatch.setattr(kernels.configs, "dequantize_matmul_min_m", lambda block_size: 12)
+    paths = [kernels.dispatch.matmul_path(name, m) for m in (1, 8, 9, 11, 12, 300)]
+    assert paths == ["gemv", "gemv", "gemm", "gemm", "dequantize+matmul", "dequantize+matmul"]
+    x = torch.from_numpy(rng.standard_normal((2, 6, k)).astype(np.float32))
+    assert torch.equal(kernels.matmul(x, planes, name, (n, k)), x @ dense.T)
+    xh = (x / dense.abs().max()).half()
+    assert torch.equal(kernels.matmul(xh, planes, name, (n, k)), xh @ dense.half().T)
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)
@@ -86,13 +112,38 @@ def test_decode_gemv_gives_the_same_product_in_every_partition(name, rng, monkey
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
     x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32))
-    ref = x @ dequantize_planes(planes, qtype).T
+    ref = gemv_x(name, x) @ dequantize_planes(planes, qtype).T
     for parts in kernels.FORMATS[name].dot_parts:
         for rows in (1, 8):
             monkeypatch.setitem(configs.GEMV_PARTS, name, parts)
             monkeypatch.setitem(configs.GEMV_ROWS, name, rows)
             got = kernels.matmul(x, planes, name, (n, k))
             assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-5, (parts, rows)
+
+
+@pytest.mark.parametrize("block", [32, 256])
+def test_decode_int8_x_is_gguf_pys_q8_0(block, rng):
+    """The int8 GEMV's x: per 32 values, the int8 values and the scale (as float16) that
+    gguf-py's Q8_0 makes, bit for bit, in each block's XSTRIDE bytes; and the sums of 16."""
+    from gguf_repack_kernels.gemv import prepare_x_q8_kernel
+
+    m, k = 3, 2048 + 2 * block  # more than one program of 1024 values, a partial last one
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+    x[0, :32] = 0  # an all-zero 32: scale 0
+    x[1, 40] = 127 * 0.5 / 3  # halves: rounded away from zero
+    x[1, 32:40] = 0.5 / 3
+    stride = block + block // 8
+    xq = torch.empty(m, k // block, stride, dtype=torch.int8)
+    xs = torch.empty(m, k // 16)
+    prepare_x_q8_kernel[(m, -(-k // 1024))](x, xq, xs, k, x.stride(0), BLOCK=block,
+                                             XSTRIDE=stride, BK=1024)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    ref = gguf.quants.quantize(x.numpy(), q8).reshape(m, k // 32, 34)
+    ref_d = ref[..., :2].copy().view(np.float16).astype(np.float32).reshape(m, k // block, -1)
+    ref_q = ref[..., 2:].view(np.int8).reshape(m, k // block, block)
+    assert np.array_equal(xq[..., :block].numpy(), ref_q)
+    assert np.array_equal(xq[..., block:].contiguous().view(torch.float32).numpy(), ref_d)
+    assert torch.equal(xs, torch.from_numpy(as_q8_0(x.numpy())).reshape(m, k // 16, 16).sum(-1))
 
 
 def test_decode_lookup_tables_are_gguf_pys():
