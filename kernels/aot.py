@@ -78,7 +78,7 @@ def _spec(family: str, fmt, act: str):
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
             cfg["BN"] / cfg["PARTS"] / m
     if family in ("gemm", "gemm_m16"):
-        cfg = configs.gemm_config(block_size, 16 if family == "gemm_m16" else 64)
+        cfg = configs.gemm_config(block_size, 16 if family == "gemm_m16" else 128)
         return gemm_kernel, {**common, "OUT": f"*{act}"}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             "DQ": fmt.dequant}, cfg, cfg["BN"]
@@ -92,6 +92,7 @@ def compile_family(family: str, type_name: str, capability: int = 90, act: str =
     kernel, sig, constexprs, cfg, rows = _spec(family, fmt, act)
     compiled = compile_kernel(kernel, sig, constexprs, capability,
                               num_warps=cfg["num_warps"], maxnreg=cfg.get("maxnreg"),
+                              num_stages=cfg.get("num_stages", 3),
                               fp_fusion=family not in ("dequantize", "embedding"))
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -100,7 +101,7 @@ def compile_family(family: str, type_name: str, capability: int = 90, act: str =
 
 
 def compile_kernel(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,
-                   fp_fusion: bool = True, maxnreg: int | None = None):
+                   fp_fusion: bool = True, maxnreg: int | None = None, num_stages: int = 3):
     """Any @triton.jit kernel, compiled: `sig` types its runtime arguments (marked
     16-divisible unless the kernel never specializes them), `constexprs` fixes the rest.
     `.asm` holds "ptx" and "cubin"."""
@@ -110,7 +111,7 @@ def compile_kernel(kernel, sig: dict, constexprs: dict, capability: int, *, num_
     generic = set(getattr(kernel, "do_not_specialize", ()) or ())
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in sig if k not in generic}
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": num_warps, "enable_fp_fusion": fp_fusion}
+    options = {"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": fp_fusion}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
@@ -250,7 +251,8 @@ def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
     sass, usage = cubin_sass(compiled.asm["cubin"])
     loop = main_loop(sass)
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    shared = int(re.search(r"SHARED:(\d+)", usage).group(1))
+    # -res-usage counts static shared memory only; Triton's pipelining buffers are dynamic
+    shared = max(int(re.search(r"SHARED:(\d+)", usage).group(1)), compiled.metadata.shared)
     local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
     threads = 32 * num_warps
     per_byte = len(loop) * num_warps / bytes_per_iteration
@@ -276,10 +278,12 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
     as a fraction of an fp16 matmul's (the same product with an fp16 weight, at the tensor
     cores' peak or HBM's bandwidth, whichever binds). All in SM-cycles over the 132 SMs:
     - fused GEMM: per tile iteration its tensor and issue cycles (gemm_summary of the tile
-      the dispatcher launches at that M, `gemm_rows` by BM), over ceil(M/BM) x ceil(N/BN)
-      programs of K/BLOCK iterations; added up when one program holds an SM and waits for its
-      MMA, the larger of the two when 2+ programs share an SM (one's dequant issues while
-      another's MMA runs); at least the quantized weight's bytes.
+      the dispatcher launches at that M, `gemm_rows` by BM), K/BLOCK iterations a program,
+      ceil(M/BM) x ceil(N/BN) programs spread over the SMs: the busiest SM runs
+      ceil(programs / SMs) of them; their tensor and issue cycles add up when an SM holds one
+      program at a time (it waits for its MMA), the larger of the two counts when it holds
+      2+ at once (one's dequant issues while another's MMA runs); at least the quantized
+      weight's bytes.
     - dequantize+matmul: the dequantize kernel, bound by its issue (its SASS's instructions per
       byte) or by its bytes (quantized read, fp16 written), plus the fp16 matmul.
     Estimates, not timings: latency, L2 and cuBLAS's own efficiency are not in them."""
@@ -296,11 +300,12 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
                      (weight_bytes + 2 * n * k) / H200_BYTES_PER_SM_CYCLE) / per_sm
     def fused_gemm(m):
         g = gemm_rows[configs.gemm_config(block, m)["BM"]]
-        iterations = -(-m // g["bm"]) * -(-n // g["bn"]) * (k // block)
+        busiest = -(-(-(-m // g["bm"]) * -(-n // g["bn"])) // SMS)  # programs on one SM
         tensor, issue = g["tensor_cycles_per_iteration"], g["issue_cycles_per_iteration"]
-        both = (max(tensor, issue) if g["mma_overlaps_dequant"] or g["programs_per_sm"] >= 2
-                else tensor + issue)
-        return max(iterations * both, weight_bytes / H200_BYTES_PER_SM_CYCLE) / per_sm
+        together = min(busiest, g["programs_per_sm"])
+        both = max(tensor, issue) if g["mma_overlaps_dequant"] or together >= 2 else tensor + issue
+        return max(busiest * (k // block) * both,
+                   weight_bytes / H200_BYTES_PER_SM_CYCLE / per_sm)
 
     # the first M (in steps of 64, the tile of gemm_rows[64]) from which dequantize-then-
     # matmul is estimated faster

@@ -14,13 +14,13 @@ GEMV_MAX_M = 8
 
 def dequantize_matmul_min_m(block_size: int) -> int:
     """The fused GEMM dequantizes every weight M / BM times, and issuing that costs more
-    than the tensor cores' time for the tile (0.13-0.33 of an fp16 matmul's speed at M >=
-    64); dequantizing once costs about the weight written as fp16 and read back (9 us for a
+    than the tensor cores' time for the tile (0.12-0.34 of an fp16 matmul's speed per SM);
+    dequantizing once costs about the weight written as fp16 and read back (9 us for a
     4096 x 4096 Q4_K on an H200). Estimated from the SASS (scripts/inspect_kernels.py --sass,
-    BENCHMARKS.md "GEMM paths"), dequantize-then-matmul gets ahead from M = 128-320 by type,
-    192 the median for 32- and for 256-weight blocks alike; so 192 for every block size,
-    until GPU timings (scripts/bench_gpu.py) say otherwise."""
-    return 192
+    BENCHMARKS.md "GEMM paths"), dequantize-then-matmul gets ahead from M = 64-256 by type:
+    the median is 128 for the 32- and 64-weight blocks and 192 for the 256-weight ones.
+    GPU timings (scripts/bench_gpu.py) should replace these."""
+    return 192 if block_size >= 256 else 128
 
 
 def dequantize_config(block_size: int) -> dict:
@@ -34,8 +34,14 @@ def embedding_config(block_size: int) -> dict:
 
 
 def gemm_config(block_size: int, m: int) -> dict:
+    """The fused GEMM's tile. Its time is the issue of its dequantization, so what counts is
+    how many programs run at once: BN = 32 for every block size (BN = 64 left half the SMs
+    idle at M = 16 and one program per SM at M = 128 for N = 4096), and 2 pipeline stages
+    (3 took Q4_K's tile to 121 KB of shared memory, one program per SM, whose MMA then never
+    overlaps another's dequantization). Larger tiles (BM = 128, BN = 64-128, 8 warps) cut the
+    instructions per MMA but leave SMs idle below M = 256 (BENCHMARKS.md, "GEMM paths")."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    return {"BM": bm, "BN": 64 if block_size <= 32 else 32, "num_warps": 4}
+    return {"BM": bm, "BN": 32, "num_warps": 4, "num_stages": 2}
 
 
 # The dot GEMV (gemv_dot_kernel, M <= GEMV_MAX_M). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
