@@ -18,6 +18,34 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+# Two tiers. `pytest -m "not slow"` answers in about two minutes: unit tests, the layout,
+# every type's dequant, the converter on small files, the interpreter kernels at their
+# smallest shapes. The slow tier is the rest: the real models end to end (every test that
+# asks for one of these fixtures is slow without saying so), AOT compiles for the GPU,
+# vLLM, the fuzzer, the scripts run end to end. CI runs both.
+SLOW_FIXTURES = {"real_models", "smollm2", "gemma", "converted", "transformers_reference",
+                 "ptx_rows", "vllm_python"}
+
+
+# Run first: the modules that take longest (minutes each), so that `pytest -n 2 --dist
+# loadfile` (CI) does not start one of them when the other worker is nearly done.
+LONGEST_FIRST = ["test_vllm.py", "test_kernels.py", "test_hf.py", "test_kernels_ptx.py"]
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module is kept
+    for item in items:
+        # a fixture asked for by name, or by a parameter that names it (request.getfixturevalue)
+        params = getattr(item, "callspec", None)
+        named = {v for v in params.params.values() if isinstance(v, str)} if params else set()
+        if SLOW_FIXTURES & (set(item.fixturenames) | named):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def real_models() -> dict[str, Path]:
     """The two llama.cpp-made models, fetched into the cache on first use (never skipped)."""

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the scripts end to end
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "gguf_repack"]
 
 
+@pytest.mark.slow
 def test_fuzzer_holds_the_property_for_500_cases(tmp_path):
     report = tmp_path / "fuzz.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz_gguf.py"), "--cases", "500",

@@ -16,6 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from gguf_repack import FormatError, convert
 from gguf_repack.hf import QuantEmbedding, QuantLinear, load_model
 
+pytestmark = pytest.mark.slow  # transformers models (real ones, and written here) against transformers
+
 PROMPT = "The three primary colors are red, yellow and"
 TEXTS = ["Hello world!", "  leading spaces and ünïcödé, 12345", "def f(x):\n\treturn x**2\n", ""]
 KL_MAX = 1e-4

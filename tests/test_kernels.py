@@ -54,7 +54,10 @@ def test_dequantize_is_bitwise_the_torch_backend(name, rng):
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)
-@pytest.mark.parametrize("k_blocks, batches", [(2, (1, 3, 16, 33)), (1, (1, 33)), (4, (3, 16))])
+@pytest.mark.parametrize("k_blocks, batches", [
+    (1, (1, 16)),  # the GEMV and the GEMM's M = 16 tile, one block column
+    pytest.param(2, (3, 33), marks=pytest.mark.slow),  # split K; the BM = 64 tile
+    pytest.param(4, (3,), marks=pytest.mark.slow)])  # more block columns than split-K parts
 def test_matmul_and_embedding(name, k_blocks, batches, rng):
     qtype = TYPES_BY_NAME[name]
     n, k = 37, k_blocks * qtype.block_size

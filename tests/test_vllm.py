@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gguf_repack import convert
 
+pytestmark = pytest.mark.slow  # every test starts vLLM
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
            "The three primary colors are"]
