@@ -27,15 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from .manifest import FORMAT_VERSION
+from .manifest import quantization_config
 from .reader import GGUFFile, GGUFValueType, StringArray
 
-QUANT_METHOD = "gguf_repack"
 CONFIG_FILES = ("config.json", "generation_config.json")
-
-
-def quantization_config() -> dict:
-    return {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION}
 
 
 def hf_available() -> str | None:

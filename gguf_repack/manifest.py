@@ -22,6 +22,24 @@ from .errors import FormatError
 
 FORMAT = "gguf-repack"
 FORMAT_VERSION = 1
+# config.json's `quantization_config` (written by engine_files, read by every engine
+# integration): the method engines look up, and the version of this format
+QUANT_METHOD = "gguf_repack"
+
+
+def quantization_config() -> dict:
+    return {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION}
+
+
+def check_quantization_config(q: dict) -> None:
+    """A config.json's quantization_config is ours and of the version this package reads."""
+    if q.get("quant_method") != QUANT_METHOD:
+        raise FormatError(f"config.json: quant_method is {q.get('quant_method')!r}, "
+                          f"not {QUANT_METHOD!r}")
+    if q.get("format_version") != FORMAT_VERSION:
+        raise FormatError(f"gguf_repack: config.json has format_version "
+                          f"{q.get('format_version')!r}; this gguf-repack reads {FORMAT_VERSION} "
+                          f"(convert the model again, or upgrade gguf-repack)")
 MANIFEST = "manifest.json"
 INDEX = "model.safetensors.index.json"
 

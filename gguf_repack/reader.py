@@ -111,7 +111,6 @@ class TensorInfo:
     offset: int  # relative to the data section, as stored
     file_offset: int  # absolute
     nbytes: int
-    info_offset: int  # where this tensor info starts in the header
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -333,7 +332,6 @@ def _read_array(cur: _Cursor, key: str, depth: int):
 
 
 def _read_tensor_info(cur: _Cursor, i: int) -> tuple:
-    start = cur.pos
     name = cur.string(f"name of tensor #{i}")
     where = f"{cur.path}: tensor {name!r}"
     n_dims = cur.u32(f"n_dims of tensor {name!r}")
@@ -342,12 +340,12 @@ def _read_tensor_info(cur: _Cursor, i: int) -> tuple:
     dims = cur.unpack(f"<{n_dims}Q", f"dims of tensor {name!r}")
     type_id = cur.u32(f"type of tensor {name!r}")
     offset = cur.u64(f"offset of tensor {name!r}")
-    return name, dims, type_id, offset, start
+    return name, dims, type_id, offset
 
 
 def _place_tensors(infos, path: Path, size: int, alignment: int, data_offset: int):
     tensors, names = [], set()
-    for name, dims, type_id, offset, info_offset in infos:
+    for name, dims, type_id, offset in infos:
         where = f"{path}: tensor {name!r}"
         if name in names:
             raise FormatError(f"{where}: duplicate tensor name")
@@ -368,8 +366,7 @@ def _place_tensors(infos, path: Path, size: int, alignment: int, data_offset: in
         if file_offset + nbytes > size:
             raise FormatError(f"{where}: data [{file_offset}, {file_offset + nbytes}) lies "
                               f"outside the file ({size} bytes): truncated?")
-        tensors.append(TensorInfo(name, tuple(dims), qtype, offset, file_offset, nbytes,
-                                  info_offset))
+        tensors.append(TensorInfo(name, tuple(dims), qtype, offset, file_offset, nbytes))
     by_offset = sorted(tensors, key=lambda t: t.file_offset)
     for a, b in zip(by_offset, by_offset[1:]):
         if b.file_offset < a.file_offset + a.nbytes:

@@ -101,13 +101,6 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, Entry], dict[str, st
     return entries, metadata
 
 
-def read_array(fd: int, entry: Entry, path: str = "") -> np.ndarray:
-    """The whole tensor `entry` as a numpy array of its raw bytes' dtype."""
-    out = np.empty(entry.shape, dtype=ST_NUMPY[entry.dtype])
-    pread_into(fd, out, entry.offset, path)
-    return out
-
-
 def _bytes_view(data) -> memoryview:
     if isinstance(data, np.ndarray):
         data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)

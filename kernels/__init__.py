@@ -1,7 +1,8 @@
 """gguf_repack_kernels: Triton kernels over gguf-repack's rp1 planes.
 
-Depends on torch and triton only (never on gguf_repack), so an engine can take the kernels
-alone. The planes of a quantized weight of torch shape (N, K) are, per block field,
+Depends on torch, triton and gguf-py (whose grids and sign tables the IQ types' lookup
+tables are built from, on first use), never on gguf_repack, so an engine can take the
+kernels alone. The planes of a quantized weight of torch shape (N, K) are, per block field,
 contiguous tensors [K / block_size, N, count]; see gguf-repack's DESIGN (layout rp1).
 
     dequantize(planes, type_name, shape, dtype)   -> the weight, (E..., N, K)

@@ -37,7 +37,7 @@ def _plane_args(planes: dict[str, torch.Tensor], fmt: Format) -> list[torch.Tens
     return args
 
 
-def _split(planes, shape, fmt):
+def _split(shape, fmt):
     """(lead count, N, K, B) of a weight of torch shape (E..., N, K); 1-D is one row."""
     *lead, n, k = (1, *shape) if len(shape) == 1 else shape
     n_lead = 1
@@ -56,7 +56,7 @@ def _per_expert(planes: dict[str, torch.Tensor], n_lead: int):
 def dequantize(planes: dict[str, torch.Tensor], type_name: str, shape,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     fmt = _format(type_name)
-    n_lead, n, k, b = _split(planes, shape, fmt)
+    n_lead, n, k, b = _split(shape, fmt)
     device = next(iter(planes.values())).device
     out = torch.empty(n_lead, n, k, dtype=dtype, device=device)
     cfg = configs.dequantize_config(fmt.block_size)
@@ -71,7 +71,7 @@ def dequantize(planes: dict[str, torch.Tensor], type_name: str, shape,
 def embedding(ids: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
     fmt = _format(type_name)
-    _, n, k, b = _split(planes, shape, fmt)
+    _, n, k, b = _split(shape, fmt)
     flat = ids.reshape(-1).to(torch.int32).contiguous()
     out = torch.empty(flat.numel(), k, dtype=dtype, device=flat.device)
     cfg = configs.embedding_config(fmt.block_size)

@@ -138,14 +138,19 @@ def row_word(P, j, rows, mask, N, COUNT: tl.constexpr, WORD: tl.constexpr):
 
 
 @triton.jit
+def scalars4(v):
+    """A [4] vector -> its 4 elements as scalars (loaded as one vector, used one by one)."""
+    a, b = tl.split(tl.reshape(v, (2, 2)))
+    v0, v2 = tl.split(a)
+    v1, v3 = tl.split(b)
+    return v0, v1, v2, v3
+
+
+@triton.jit
 def x4(XB, AT: tl.constexpr):
     """x[AT..AT+3] of the block at XB (prepare_x_kernel's float32 x) as four float32 scalars
     (one vector load)."""
-    v = tl.reshape(tl.load(XB + AT + tl.arange(0, 4)), (2, 2))
-    a, b = tl.split(v)
-    x0, x2 = tl.split(a)
-    x1, x3 = tl.split(b)
-    return x0, x1, x2, x3
+    return scalars4(tl.load(XB + AT + tl.arange(0, 4)))
 
 
 @triton.jit
@@ -195,11 +200,7 @@ def dot4(a, b, c, A_SIGNED: tl.constexpr = False):
 def x8_words(XB, AT: tl.constexpr):
     """x[AT..AT+15] of the block at XB (prepare_x_q8_kernel's int8 x) as four int32 words,
     4 values each (one 16-byte load, the same address in every lane)."""
-    v = tl.reshape(tl.load(XB.to(tl.pointer_type(tl.int32)) + AT // 4 + tl.arange(0, 4)), (2, 2))
-    a, b = tl.split(v)
-    w0, w2 = tl.split(a)
-    w1, w3 = tl.split(b)
-    return w0, w1, w2, w3
+    return scalars4(tl.load(XB.to(tl.pointer_type(tl.int32)) + AT // 4 + tl.arange(0, 4)))
 
 
 @triton.jit

@@ -177,3 +177,13 @@ def test_unknown_format_version_is_refused_with_a_clear_error(converted, smollm2
         load_model(out)
     with pytest.raises(FormatError, match="format_version 99"):
         AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_quantization_config_keeps_a_chosen_backend():
+    """A backend passed in the quantization config survives to_dict (transformers serializes
+    and re-reads it); the default stays out of config.json's form."""
+    from gguf_repack.hf.quantizer import GgufRepackConfig
+
+    assert "backend" not in GgufRepackConfig().to_dict()
+    assert GgufRepackConfig(backend="torch").to_dict()["backend"] == "torch"
+    assert GgufRepackConfig(**GgufRepackConfig(backend="triton").to_dict()).backend == "triton"

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..engine_files import QUANT_METHOD
 from ..errors import FormatError, RepackError
 from ..loader import RepackedModel, load
+from ..manifest import check_quantization_config
 from ..qtensor import QTensor
 from .modules import QuantEmbedding, QuantLinear
 from .names import TensorMapping
@@ -48,7 +48,8 @@ def empty_model(config, dtype: torch.dtype):
 
     quantization = getattr(config, "quantization_config", None)
     if quantization is not None:
-        _check_quantization_config(quantization)
+        check_quantization_config(quantization if isinstance(quantization, dict)
+                                  else quantization.to_dict())
         # from_config would look for a quantizer; the weights are put in place by fill_model
         del config.quantization_config
     with init_empty_weights(include_buffers=False):
@@ -56,17 +57,6 @@ def empty_model(config, dtype: torch.dtype):
     if quantization is not None:
         config.quantization_config = quantization
     return model
-
-
-def _check_quantization_config(quantization) -> None:
-    from ..manifest import FORMAT_VERSION
-
-    q = quantization if isinstance(quantization, dict) else quantization.to_dict()
-    if q.get("quant_method") != QUANT_METHOD:
-        raise FormatError(f"config.json: quant_method is {q.get('quant_method')!r}, not {QUANT_METHOD!r}")
-    if q.get("format_version") != FORMAT_VERSION:
-        raise FormatError(f"config.json: format_version {q.get('format_version')!r} is not one this "
-                          f"gguf-repack reads ({FORMAT_VERSION})")
 
 
 def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype = torch.float32,

@@ -86,7 +86,6 @@ class TensorMapping:
         hf_names = gguf_to_hf_names(model, arch, self.processor)
         # tensors transformers has no parameter for (rope_freqs, ...) are skipped, as it does
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
-        self.hf_to_gguf = {hf: gguf for gguf, hf in self.names}
 
     @classmethod
     def for_output(cls, repacked) -> "TensorMapping":

@@ -22,9 +22,8 @@ from transformers.quantizers.auto import (
 )
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..engine_files import QUANT_METHOD
 from ..loader import load
-from ..manifest import FORMAT_VERSION
+from ..manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
 from .model import fill_model
 from .modules import QuantEmbedding, QuantLinear
 
@@ -38,7 +37,10 @@ class GgufRepackConfig(QuantizationConfigMixin):
         self.backend = backend
 
     def to_dict(self) -> dict:
-        return {"quant_method": QUANT_METHOD, "format_version": self.format_version}
+        # the backend is a choice for this run (from_pretrained(quantization_config=...)), so
+        # it is kept only where it is not the default that config.json implies
+        d = {"quant_method": QUANT_METHOD, "format_version": self.format_version}
+        return d if self.backend == "auto" else {**d, "backend": self.backend}
 
 
 class GgufRepackHfQuantizer(HfQuantizer):
@@ -49,11 +51,9 @@ class GgufRepackHfQuantizer(HfQuantizer):
         self._repacked = None
 
     def validate_environment(self, *args, **kwargs):
-        from .model import _check_quantization_config
+        check_quantization_config(self.quantization_config.to_dict())
 
-        _check_quantization_config(self.quantization_config.to_dict())
-
-    def _process_model_before_weight_loading(self, model, checkpoint_files=None, dtype=None, **kwargs):
+    def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
         if not checkpoint_files:
             raise ValueError("gguf_repack: from_pretrained found no safetensors shards")
         self._repacked = load(Path(checkpoint_files[0]).parent)

@@ -14,7 +14,7 @@ def register() -> None:
     """Register the quantization method and the loader with vLLM. Safe to call again."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
-    from ..engine_files import QUANT_METHOD
+    from ..manifest import QUANT_METHOD
     from .quant import GgufRepackVllmConfig
     from .weights import RepackAwareModelLoader, register_loader
 

@@ -27,8 +27,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
-from ..engine_files import QUANT_METHOD
-from ..manifest import FORMAT_VERSION
+from ..manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
 from ..qtensor import QTensor, plane_torch_dtype
 from ..type_table import TYPES_BY_NAME, GGMLType
 
@@ -73,10 +72,7 @@ class GgufRepackVllmConfig(QuantizationConfig):
 
     def __init__(self, format_version: int = FORMAT_VERSION):
         super().__init__()
-        if format_version != FORMAT_VERSION:
-            raise ValueError(f"gguf_repack: config.json has format_version {format_version!r}; this "
-                             f"gguf-repack reads {FORMAT_VERSION} (convert the model again, or "
-                             f"upgrade gguf-repack)")
+        check_quantization_config({"quant_method": QUANT_METHOD, "format_version": format_version})
         self.format_version = format_version
         self.directory: Path | None = None
         self._types: dict[str, str] | None = None

@@ -18,9 +18,9 @@ import torch
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ..engine_files import QUANT_METHOD
 from ..hf.names import TensorMapping
 from ..loader import RepackedModel, load
+from ..manifest import QUANT_METHOD
 from ..qtensor import QTensor
 from .quant import PLANE
 
