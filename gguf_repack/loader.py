@@ -105,7 +105,10 @@ class RepackedModel(Mapping):
             shard = self.path / name
             if shard.resolve().parent != self.path.resolve() or not shard.is_file():
                 raise FormatError(f"{self.path}: missing or misplaced shard {name!r}")
-            self._shards[name] = safe_open(shard, framework="pt", device=str(self.device))
+            try:
+                self._shards[name] = safe_open(shard, framework="pt", device=str(self.device))
+            except Exception as e:  # SafetensorError: a damaged header, bytes no entry owns
+                raise FormatError(f"{shard}: not a readable safetensors shard ({e})") from None
         return self._shards[name]
 
     def _materialize(self, record: TensorRecord) -> QTensor | torch.Tensor:

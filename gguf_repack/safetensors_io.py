@@ -86,18 +86,29 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, Entry], dict[str, st
     except FileNotFoundError:
         raise FormatError(f"{path}: missing") from None
     metadata = header.pop("__metadata__", {}) or {}
-    entries, end = {}, 0
+    entries, ranges = {}, []
     for key, spec in header.items():
         try:
             begin, stop = spec["data_offsets"]
             e = Entry(key, spec["dtype"], tuple(spec["shape"]), 8 + n + begin)
-            ok = stop - begin == e.nbytes and 8 + n + stop <= size
+            ok = stop - begin == e.nbytes and 0 <= begin and 8 + n + stop <= size
         except (KeyError, TypeError, ValueError):
             ok = False
         if not ok:
             raise FormatError(f"{path}: bad safetensors entry {key!r}: {spec}")
         entries[key] = e
-        end = max(end, 8 + n + stop)
+        ranges.append((begin, stop, key))
+    # the data is contiguous and without holes, and ends the file (as safetensors requires):
+    # bytes no entry owns, or two entries sharing bytes, mean a damaged or foreign file
+    at = 0
+    for begin, stop, key in sorted(ranges):
+        if begin != at:
+            raise FormatError(f"{path}: safetensors entry {key!r} starts at data byte {begin}, "
+                              f"expected {at}: a hole or an overlap in the data")
+        at = stop
+    if 8 + n + at != size:
+        raise FormatError(f"{path}: safetensors data ends at byte {8 + n + at} of a "
+                          f"{size}-byte file")
     return entries, metadata
 
 

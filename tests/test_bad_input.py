@@ -232,3 +232,36 @@ def test_export_never_writes_outside_its_destination(good, tmp_path, cli):
     proc = cli("export", out, dest)
     assert proc.returncode == 2 and "not a plain file name" in proc.stderr
     assert not (tmp_path / "escaped.gguf").exists() and list(dest.iterdir()) == []
+
+
+@pytest.mark.parametrize("how, mentions", [("trailing bytes", "data ends at byte"),
+                                           ("a hole", "a hole or an overlap")])
+def test_a_shard_with_bytes_no_entry_owns_is_refused(how, mentions, good, tmp_path, cli):
+    """safetensors data is contiguous and ends the file: bytes that no entry owns (appended,
+    or a gap before the first entry) mean a damaged shard: verify names it (exit 1, damage
+    found) and loading it is an error."""
+    import json
+
+    out = tmp_path / "out"
+    cli("convert", good, out, "--weights-only", check_exit=0)
+    shard = next(out.glob("*.safetensors"))
+    raw = shard.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    if how == "trailing bytes":
+        raw += bytes(8)
+    else:  # every entry moved 8 bytes on, and 8 bytes of nothing put before them
+        header = json.loads(raw[8 : 8 + n])
+        for key, spec in header.items():
+            if key != "__metadata__":
+                spec["data_offsets"] = [o + 8 for o in spec["data_offsets"]]
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        raw = struct.pack("<Q", len(text)) + text + bytes(8) + raw[8 + n :]
+    shard.write_bytes(raw)
+    proc = cli("verify", out, check_exit=1)
+    assert mentions in proc.stdout and shard.name in proc.stdout, proc.stdout
+    from gguf_repack import load
+    from gguf_repack.errors import FormatError
+
+    with pytest.raises(FormatError, match=shard.name):  # (safetensors' own words follow)
+        load(out)["a.weight"]
