@@ -197,6 +197,22 @@ def dot4(a, b, c, A_SIGNED: tl.constexpr = False):
 
 
 @triton.jit
+def dot4_2bit(acc, w0, w1, w2, w3, XB, AT: tl.constexpr, K: tl.constexpr):
+    """acc + the 2-bit fields at bit 2K of each byte of words w0..w3 (16 weights, byte b of
+    word c weight 4c + b), each times 4**K where it lies, times x[AT..AT+15] (int8): 4 DP4A
+    and 4 masks, no shift. The 4**K is the caller's to take out, once per x scale."""
+    x0, x1, x2, x3 = x8_words(XB, AT)
+    if K < 3:
+        MASK: tl.constexpr = 0x03030303 << (2 * K)
+    else:
+        MASK: tl.constexpr = 0xC0C0C0C0 - (1 << 32)  # as the int32 it is
+    acc = dot4(w0 & MASK, x0, acc)
+    acc = dot4(w1 & MASK, x1, acc)
+    acc = dot4(w2 & MASK, x2, acc)
+    return dot4(w3 & MASK, x3, acc)
+
+
+@triton.jit
 def x8_words(XB, AT: tl.constexpr):
     """x[AT..AT+15] of the block at XB (prepare_x_q8_kernel's int8 x) as four int32 words,
     4 values each (one 16-byte load, the same address in every lane)."""

@@ -6,6 +6,7 @@ import triton.language as tl
 from .fields import (
     concat,
     dot4,
+    dot4_2bit,
     field_bytes,
     field_f16,
     mac4,
@@ -186,13 +187,8 @@ def q2_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
             sub = tl.zeros(rows.shape, tl.int32)  # both sub-blocks of these 32 weights
             for half in tl.static_range(2):
                 w = w_lo if half == 0 else w_hi
-                xw = x8_words(XB, 128 * n + 32 * k + 16 * half)
-                s = tl.zeros(rows.shape, tl.int32)
-                for c in tl.static_range(4):
-                    if k < 3:
-                        s = dot4(w[c] & (0x03030303 << (2 * k)), xw[c], s)
-                    else:  # 0xC0C0C0C0, as the int32 it is
-                        s = dot4(w[c] & (0xC0C0C0C0 - (1 << 32)), xw[c], s)
+                s = dot4_2bit(tl.zeros(rows.shape, tl.int32), w[0], w[1], w[2], w[3], XB,
+                              128 * n + 32 * k + 16 * half, k)
                 # sub-block 8n + 2k + half: byte (2k + half) % 4 of scale word 2n + k // 2
                 byte = shr(sc0 if k < 2 else sc1, 8 * ((2 * k + half) % 4))
                 sub += (byte & 15) * s

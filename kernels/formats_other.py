@@ -15,12 +15,12 @@ from .fields import (
     bf16_pair_words,
     bits_at,
     concat,
+    dot4_2bit,
     field_bytes,
     field_f16,
     field_run,
     lookup_run_dot,
     lookup_table,
-    mac4,
     mac_lookup_nibbles,
     nibbles,
     opaque_zero,
@@ -31,6 +31,8 @@ from .fields import (
     split4,
     words4,
     x4,
+    x8_scale,
+    x_sum,
 )
 from .registry import register
 
@@ -132,19 +134,23 @@ def tq1_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 @triton.jit
 def tq2_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    # weight 128h + 32g + l: bits 2g..2g+1 of byte 32h + l, less 1
-    z = opaque_zero(N)
-    s = tl.zeros(rows.shape, tl.float32)
+    """TQ2_0 (int8 x): weight 128h + 32g + l is bits 2g..2g+1 of byte 32h + l, less 1:
+    d * (sum(q x) - sum(x)), the 2-bit fields multiplied where they lie, 4 a DP4A (as
+    Q2_K's)."""
+    acc = tl.zeros(rows.shape, tl.float32)
     for h in tl.static_range(2):
-        for q in tl.static_range(2):
-            w = words4(P0, j, rows, mask, N, 16, 8 * h + 4 * q)
-            for g in tl.static_range(4):
-                for c in tl.static_range(4):
-                    s = mac4(s, w[c], XB, 128 * h + 32 * g + 16 * q + 4 * c, 2 * g, 8, 2, 1, z)
-    return scale_f16(P1, j, rows, mask, N) * s
+        w_lo = words4(P0, j, rows, mask, N, 16, 8 * h)  # bytes 32h + l, l < 16
+        w_hi = words4(P0, j, rows, mask, N, 16, 8 * h + 4)  # l >= 16
+        for g in tl.static_range(4):
+            at = 128 * h + 32 * g
+            s = dot4_2bit(tl.zeros(rows.shape, tl.int32), w_lo[0], w_lo[1], w_lo[2], w_lo[3],
+                          XB, at, g)
+            s = dot4_2bit(s, w_hi[0], w_hi[1], w_hi[2], w_hi[3], XB, at + 16, g)
+            acc += s.to(tl.float32) * (x8_scale(XB, 256, at) * (1.0 / (1 << (2 * g))))
+    return scale_f16(P1, j, rows, mask, N) * (acc - x_sum(SB, 0, 256))
 
 
-@register("TQ2_0", 256, ("qs", "d"), dot=tq2_0_dot)
+@register("TQ2_0", 256, ("qs", "d"), dot=tq2_0_dot, x_int8=True)
 @triton.jit
 def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # Each 32-byte half holds 4 groups of 32 weights, group g in bits 2g..2g+1. Raw code 3,
