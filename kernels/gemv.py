@@ -56,8 +56,10 @@ def prepare_x_q8_kernel(X, XQ, XS, K, stride_xm, BLOCK: tl.constexpr, XSTRIDE: t
     live = cols < K
     x = tl.load(X + m * stride_xm + cols, mask=live, other=0.0).to(tl.float32)
     x32 = tl.reshape(x, (BK // 32, 32))
-    d = tl.max(tl.abs(x32), axis=1) / 127
-    inv = tl.where(d == 0, 0.0, 1 / tl.where(d == 0, 1.0, d))
+    # divisions rounded as IEEE (and numpy) round them: Triton's `/` is div.full.f32, within
+    # 2 ulp, and an ulp can move a value across a rounding half
+    d = tl.math.div_rn(tl.max(tl.abs(x32), axis=1), 127.0)
+    inv = tl.where(d == 0, 0.0, tl.math.div_rn(1.0, tl.where(d == 0, 1.0, d)))
     q = round_half_away(x32 * inv[:, None])
     d = d.to(tl.float16).to(tl.float32)
     block_at = m * (K // BLOCK) * XSTRIDE + (cols // BLOCK) * XSTRIDE

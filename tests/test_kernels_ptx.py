@@ -144,3 +144,21 @@ def test_decode_gemv_leaves_room_for_four_programs_per_sm(ptx_rows):
     for name in MAIN_TYPES:
         assert rows[name]["registers"] <= 128 and rows[name]["programs_per_sm"] >= 4, rows[name]
 
+
+
+@pytest.mark.slow
+def test_int8_x_is_quantized_with_ieee_division():
+    """prepare_x_q8_kernel matches gguf-py's Q8_0 bit for bit on a GPU only if its divisions
+    round as numpy's do: div.rn.f32 in its PTX, never Triton's default div.full.f32."""
+    code = """
+from gguf_repack_kernels.aot import compile_kernel
+from gguf_repack_kernels.gemv import prepare_x_q8_kernel
+sig = {"X": "*fp16", "XQ": "*i8", "XS": "*fp32", "K": "i32", "stride_xm": "i32"}
+c = compile_kernel(prepare_x_q8_kernel, sig, {"BLOCK": 256, "XSTRIDE": 288, "BK": 1024}, 90)
+print(c.asm["ptx"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ptx = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True,
+                         text=True, timeout=600).stdout
+    assert "div.rn.f32" in ptx
+    assert "div.full" not in ptx and "div.approx" not in ptx
