@@ -78,10 +78,12 @@ def _spec(family: str, fmt, act: str):
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
             cfg["BN"] / cfg["PARTS"] / m
     if family in ("gemm", "gemm_m16"):
-        cfg = configs.gemm_config(block_size, 16 if family == "gemm_m16" else 128)
-        return gemm_kernel, {**common, "OUT": f"*{act}"}, {
+        cfg = configs.gemm_config(fmt.name, block_size, 16 if family == "gemm_m16" else 128, n,
+                                  k // block_size, SMS)
+        out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
+        return gemm_kernel, {**common, "OUT": out}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            "DQ": fmt.dequant}, cfg, cfg["BN"]
+            "DQ": fmt.dequant, "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
     raise ValueError(family)
 
 
@@ -278,8 +280,8 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
     as a fraction of an fp16 matmul's (the same product with an fp16 weight, at the tensor
     cores' peak or HBM's bandwidth, whichever binds). All in SM-cycles over the 132 SMs:
     - fused GEMM: per tile iteration its tensor and issue cycles (gemm_summary of the tile
-      the dispatcher launches at that M, `gemm_rows` by BM), K/BLOCK iterations a program,
-      ceil(M/BM) x ceil(N/BN) programs spread over the SMs: the busiest SM runs
+      the dispatcher launches at that M, `gemm_rows` by BM), K/BLOCK/SPLIT_K iterations a
+      program, ceil(M/BM) x ceil(N/BN) x SPLIT_K programs spread over the SMs: the busiest SM runs
       ceil(programs / SMs) of them; their tensor and issue cycles add up when an SM holds one
       program at a time (it waits for its MMA), the larger of the two counts when it holds
       2+ at once (one's dequant issues while another's MMA runs); at least the quantized
@@ -299,12 +301,16 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
     dequantize = max(dequantize_row["warp_instructions_per_byte"] * weight_bytes / ISSUE_PER_SM_CYCLE,
                      (weight_bytes + 2 * n * k) / H200_BYTES_PER_SM_CYCLE) / per_sm
     def fused_gemm(m):
-        g = gemm_rows[configs.gemm_config(block, m)["BM"]]
-        busiest = -(-(-(-m // g["bm"]) * -(-n // g["bn"])) // SMS)  # programs on one SM
+        cfg = configs.gemm_config(type_name, block, m, n, k // block, SMS)
+        g = gemm_rows[cfg["BM"]]
+        assert (g["bm"], g["bn"]) == (cfg["BM"], cfg["BN"]), (g["tile"], cfg)
+        split_k = cfg["SPLIT_K"]
+        programs = -(-m // g["bm"]) * -(-n // g["bn"]) * split_k
+        busiest = -(-programs // SMS)  # programs on one SM
         tensor, issue = g["tensor_cycles_per_iteration"], g["issue_cycles_per_iteration"]
         together = min(busiest, g["programs_per_sm"])
         both = max(tensor, issue) if g["mma_overlaps_dequant"] or together >= 2 else tensor + issue
-        return max(busiest * (k // block) * both,
+        return max(busiest * (k // block // split_k) * both,
                    weight_bytes / H200_BYTES_PER_SM_CYCLE / per_sm)
 
     # the first M (in steps of 64, the tile of gemm_rows[64]) from which dequantize-then-

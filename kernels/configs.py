@@ -33,15 +33,30 @@ def embedding_config(block_size: int) -> dict:
     return {"BI": 16 if block_size <= 32 else 4, "num_warps": 4}
 
 
-def gemm_config(block_size: int, m: int) -> dict:
+# BN of the M <= 16 tile where the block-size default spills registers in the sm_90 SASS
+# (Q8_0: 5 at BN = 128; IQ3_XXS at 64)
+GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
+
+
+def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
+                sms: int) -> dict:
     """The fused GEMM's tile. Its time is the issue of its dequantization, so what counts is
-    how many programs run at once: BN = 32 for every block size (BN = 64 left half the SMs
-    idle at M = 16 and one program per SM at M = 128 for N = 4096), and 2 pipeline stages
-    (3 took Q4_K's tile to 121 KB of shared memory, one program per SM, whose MMA then never
-    overlaps another's dequantization). Larger tiles (BM = 128, BN = 64-128, 8 warps) cut the
+    how many programs run at once and how much of a program's work is its own overhead
+    (addresses, barriers, copies): BN = 32 from M = 17 on (BN = 64 left half the SMs idle at
+    M = 128 for N = 4096), 2 pipeline stages (3 took Q4_K's tile to 121 KB of shared memory,
+    one program per SM, whose MMA then never overlaps another's dequantization). At M <= 16
+    a wider tile halves the overhead per weight (BN = 64, or 128 for blocks under 256
+    weights, whose tiles are small) and split K restores the programs it takes away: K is
+    split (in a power of two that divides the block columns) up to 2 programs an SM, not
+    beyond: each split adds M x N float32 atomics. Larger tiles (BM = 128, 8 warps) cut the
     instructions per MMA but leave SMs idle below M = 256 (BENCHMARKS.md, "GEMM paths")."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    return {"BM": bm, "BN": 32, "num_warps": 4, "num_stages": 2}
+    bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
+    tiles = -(-m // bm) * -(-n // bn)
+    split_k = 1
+    while tiles * split_k * 2 <= 2 * sms and n_blocks % (2 * split_k) == 0:
+        split_k *= 2
+    return {"BM": bm, "BN": bn, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 2}
 
 
 # The dot GEMV (gemv_dot_kernel, M <= GEMV_MAX_M). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):

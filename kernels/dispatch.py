@@ -146,11 +146,14 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
                               num_warps=cfg["num_warps"])
     else:
-        cfg = configs.gemm_config(fmt.block_size, m)
-        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(n, cfg["BN"]))
+        cfg = configs.gemm_config(type_name, fmt.block_size, m, n, b, _multiprocessors(x.device))
+        if cfg["SPLIT_K"] > 1:  # partial sums added atomically
+            out = torch.zeros(m, n, device=x.device, dtype=torch.float32)
+        else:
+            out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
         gemm_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
-                          IEEE=x.dtype == torch.float32, DQ=fmt.dequant,
+                          IEEE=x.dtype == torch.float32, DQ=fmt.dequant, SPLIT_K=cfg["SPLIT_K"],
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.to(x.dtype).reshape(*x.shape[:-1], n)

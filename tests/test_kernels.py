@@ -78,6 +78,32 @@ def test_matmul_and_embedding(name, k_blocks, batches, rng):
     assert torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids])
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "IQ4_XS", "NVFP4"])
+def test_matmul_with_split_k_as_on_a_gpu(name, rng, monkeypatch):
+    """On a GPU of 132 SMs the GEMV and the GEMM split K over programs that add their partial
+    sums atomically (the interpreter's own launches, one "SM", never do): the same product
+    within float tolerance, and the configurations do split."""
+    qtype = TYPES_BY_NAME[name]
+    n, k = 37, 4 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    monkeypatch.setattr(kernels.dispatch, "_multiprocessors", lambda device: 132)
+    for m in (1, 16):
+        splits = (kernels.configs.gemv_dot_config(name, m, n, 4, 132) if m == 1
+                  else kernels.configs.gemm_config(name, qtype.block_size, m, n, 4, 132))["SPLIT_K"]
+        assert splits > 1, (m, splits)
+        x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+        ref = gemv_x(name, x) @ dense.T
+        got = kernels.matmul(x, planes, name, (n, k))
+        assert got.dtype == torch.float32
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, (name, m)
+        xh = (x / dense.abs().max()).half()
+        got_h = kernels.matmul(xh, planes, name, (n, k))
+        assert got_h.dtype == torch.float16
+        ref_h = gemv_x(name, xh) @ dense.T
+        assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, m)
+
+
 @pytest.mark.parametrize("name", KERNEL_TYPES)
 def test_matmul_from_the_threshold_on_dequantizes_then_multiplies(name, rng, monkeypatch):
     """At M >= configs.dequantize_matmul_min_m(block size) the weight is dequantized into x's dtype and
