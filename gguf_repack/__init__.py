@@ -14,14 +14,14 @@ Importing this package does not import torch (the converter does not need it); `
 
 __version__ = "0.1.0"
 
+from .converter.rebuild import export, verify
+from .converter.writer import convert
 from .errors import FormatError, OutputError, RepackError
-from .rebuild import export, verify
-from .writer import convert
 
 __all__ = ["convert", "export", "verify", "load", "QTensor", "RepackedModel", "RepackError",
            "FormatError", "OutputError", "__version__"]
 
-_TORCH_SIDE = {"load": "loader", "RepackedModel": "loader", "QTensor": "qtensor"}
+_TORCH_SIDE = {"load": "runtime.loader", "RepackedModel": "runtime.loader", "QTensor": "runtime.qtensor"}
 
 
 def __getattr__(name: str):

@@ -92,7 +92,7 @@ def main():
 def convert(src, out, force, max_shard_size, progress, weights_only):
     """Convert IN.gguf (or the first shard of a split set) into OUT_DIR, with config.json and
     tokenizer files for engines (these need the `hf` extra)."""
-    from .writer import convert as run
+    from .converter.writer import convert as run
 
     if progress is None:
         progress = sys.stderr.isatty()
@@ -107,7 +107,7 @@ def convert(src, out, force, max_shard_size, progress, weights_only):
 @_reports_errors
 def inspect(path, as_json):
     """Summarize a GGUF file or an output directory: metadata and a tensor table."""
-    from .describe import describe
+    from .converter.describe import describe
 
     info = describe(path)
     if as_json:
@@ -138,7 +138,7 @@ def inspect(path, as_json):
 @_reports_errors
 def verify(out, against):
     """Recompute checksums from the planes. Exit 0 when all match, 1 when any does not."""
-    from .rebuild import verify as run
+    from .converter.rebuild import verify as run
 
     report = run(out, against=against)
     for line in report.mismatches:
@@ -158,7 +158,7 @@ def verify(out, against):
 @_reports_errors
 def export(out, dest, force):
     """Rebuild the source GGUF file(s), byte for byte, from OUT_DIR."""
-    from .rebuild import export as run
+    from .converter.rebuild import export as run
 
     for path in run(out, dest, force=force):
         click.echo(f"wrote {path}")
@@ -175,8 +175,8 @@ def export(out, dest, force):
 def demo(model, out, prompt, max_new_tokens):
     """Fetch a small real model (smollm2 or gemma), convert, verify, load it with quantized
     weights and generate a short greedy completion, with timings. Needs the hf extra."""
+    from .converter.engine_files import hf_available
     from .demo import run_demo
-    from .engine_files import hf_available
 
     missing = hf_available()
     if missing:

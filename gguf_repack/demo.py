@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import OutputError
-from .manifest import is_output_dir, read_manifest
+from .format.manifest import is_output_dir, read_manifest
 from .models import ALIASES, MODELS, fetch
 
 
@@ -27,9 +27,9 @@ def run_demo(model: str = "smollm2", out: str | os.PathLike | None = None,
     """Run the demo, reporting each step through `say`; returns the completion."""
     import torch
 
-    from .hf import load_model
-    from .rebuild import verify
-    from .writer import convert
+    from .converter.rebuild import verify
+    from .converter.writer import convert
+    from .integrations.hf import load_model
 
     t = time.perf_counter()
     src = fetch(model)

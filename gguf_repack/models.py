@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from .errors import RepackError
-from .manifest import sha256_file
+from .format.manifest import sha256_file
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = "gemma-3-270m-q4_k_m.gguf"

@@ -38,8 +38,11 @@ def _plane_args(planes: dict[str, torch.Tensor], fmt: Format) -> list[torch.Tens
 
 
 def _split(shape, fmt):
-    """(lead count, N, K, B) of a weight of torch shape (E..., N, K); 1-D is one row."""
-    *lead, n, k = (1, *shape) if len(shape) == 1 else shape
+    """(lead count, N, K, B) of a weight of torch shape (E..., N, K): N is given, also for a
+    single row (the caller's rule for 1-D tensors; gguf_repack's is format.layout.as_rows)."""
+    if len(shape) < 2:
+        raise ValueError(f"a weight of torch shape (E..., N, K), not {tuple(shape)}")
+    *lead, n, k = shape
     n_lead = 1
     for d in lead:
         n_lead *= d

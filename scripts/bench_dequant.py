@@ -59,9 +59,9 @@ def bench_types(rows: int, cols: int, repeat: int) -> list[str]:
     from ggml_blocks import random_blocks
     from gguf.constants import GGMLQuantizationType
 
-    from gguf_repack.layout import pack
-    from gguf_repack.qtensor import QTensor
-    from gguf_repack.type_table import TYPES
+    from gguf_repack.format.layout import pack
+    from gguf_repack.format.type_table import TYPES
+    from gguf_repack.runtime.qtensor import QTensor
 
     lines = ["| type | gguf-py Mw/s | torch Mw/s | torch GB/s in | ratio |",
              "| --- | --- | --- | --- | --- |"]

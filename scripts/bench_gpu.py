@@ -57,8 +57,8 @@ import gguf_repack_kernels as kernels  # noqa: E402
 from ggml_blocks import random_blocks  # noqa: E402
 from raw_layout_kernels import RAW_DEQUANT, raw_matmul  # noqa: E402
 
-from gguf_repack.layout import pack  # noqa: E402
-from gguf_repack.type_table import TYPES_BY_NAME  # noqa: E402
+from gguf_repack.format.layout import pack  # noqa: E402
+from gguf_repack.format.type_table import TYPES_BY_NAME  # noqa: E402
 
 
 class Timer:

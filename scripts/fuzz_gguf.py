@@ -291,9 +291,9 @@ def main() -> int:
 
     # imported once here, so each forked case starts with them loaded
     import gguf_repack.cli  # noqa: F401
-    import gguf_repack.engine_files  # noqa: F401
+    import gguf_repack.converter.engine_files  # noqa: F401
     from gguf_repack.models import SMOLLM2, fetch
-    if gguf_repack.engine_files.hf_available() is None:
+    if gguf_repack.converter.engine_files.hf_available() is None:
         import transformers  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="fuzz-gguf-"))

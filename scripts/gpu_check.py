@@ -59,9 +59,9 @@ import gguf_repack_kernels as kernels  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from gguf_repack.dequant import dequantize_planes  # noqa: E402
-from gguf_repack.layout import pack  # noqa: E402
-from gguf_repack.type_table import TYPES_BY_NAME  # noqa: E402
+from gguf_repack.format.layout import pack  # noqa: E402
+from gguf_repack.format.type_table import TYPES_BY_NAME  # noqa: E402
+from gguf_repack.runtime.dequant import dequantize_planes  # noqa: E402
 
 
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:

@@ -57,7 +57,7 @@ def _raw_row(name: str, arch: int, sass: bool) -> dict:
     """The raw-layout GEMV of type `name`, at its own configuration (raw_gemv_config)."""
     from raw_layout_kernels import RAW_DEQUANT, raw_gemv_config, raw_gemv_kernel
 
-    from gguf_repack.type_table import TYPES_BY_NAME
+    from gguf_repack.format.type_table import TYPES_BY_NAME
 
     sig = {"RAW": "*u8", "TABLE": "*i32", "X": "*fp16", "OUT": "*fp32", "M": "i32", "N": "i32",
            "B": "i32", "stride_xm": "i32", "stride_om": "i32"}

@@ -26,7 +26,7 @@ from gguf_repack_kernels.fields import concat, nibbles
 from gguf_repack_kernels.formats_iquants import bitfields, kvalue, per_group
 from gguf_repack_kernels.formats_kquants import bit_fields, per_weight
 
-from gguf_repack.type_table import TYPES_BY_NAME
+from gguf_repack.format.type_table import TYPES_BY_NAME
 
 
 @triton.jit

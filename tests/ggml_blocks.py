@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from gguf_repack.type_table import F16, F32, TYPES
+from gguf_repack.format.type_table import F16, F32, TYPES
 
 
 def random_blocks(qtype_id: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -12,7 +12,7 @@ from ggml_blocks import random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
 
-from gguf_repack.type_table import F16, TYPES
+from gguf_repack.format.type_table import F16, TYPES
 
 # hidden, heads, kv heads, head dim, ffn width: K a multiple of 256 for every projection
 SHAPES = {
@@ -72,10 +72,12 @@ def k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
 
 
 def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
-                general_name: str | None = None, context_length: int = 512) -> Path:
-    """A 2-layer `name` model ("qwen2", "qwen3" or "mistral") at `path`. llama.cpp writes Mistral
-    as the llama architecture; transformers reads it as mistral only when `general.name` is
-    exactly "mistral" (the default here), and as llama otherwise."""
+                general_name: str | None = None, context_length: int = 512,
+                extra: dict[str, np.ndarray] | None = None) -> Path:
+    """A 2-layer `name` model ("qwen2", "qwen3" or "mistral") at `path`, and the float tensors
+    `extra`. llama.cpp writes Mistral as the llama architecture; transformers reads it as
+    mistral only when `general.name` is exactly "mistral" (the default here), and as llama
+    otherwise."""
     s = SHAPES[name]
     arch = "llama" if name in ("mistral", "llama") else name
     h, hd = s["hidden"], s["head_dim"]
@@ -125,6 +127,63 @@ def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Ge
     plain("output_norm.weight", h)
     if not s["tied"]:
         quantized("output.weight", T.Q8_0, vocab, h)
+    for tensor_name, value in (extra or {}).items():
+        w.add_tensor(tensor_name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_qwen3_moe(path: Path, tokenizer: list[tuple], rng: np.random.Generator,
+                    experts: int = 4) -> Path:
+    """A 2-layer Qwen3-MoE model as llama.cpp's converter writes one (architecture
+    `qwen3moe`: expert stacks ffn_{gate,up,down}_exps [E, N, K], a float router ffn_gate_inp),
+    Q8_0 weights quantized by gguf-py."""
+    h, heads, kv_heads, head_dim, ffn = 256, 4, 2, 64, 256
+    vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_name("qwen3moe")
+    w.add_context_length(512)
+    w.add_block_count(N_LAYERS)
+    w.add_embedding_length(h)
+    w.add_feed_forward_length(2 * ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(vocab)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(2)
+    w.add_expert_feed_forward_length(ffn)
+    for key, value, vtype, sub in tokenizer:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+
+    def quantized(name, shape):
+        weights = rng.normal(0, shape[-1] ** -0.5, shape).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(weights, T.Q8_0), raw_dtype=T.Q8_0)
+
+    def plain(name, shape, around=1.0):
+        w.add_tensor(name, (around + rng.normal(0, 0.1, shape)).astype(np.float32))
+
+    quantized("token_embd.weight", (vocab, h))
+    for i in range(N_LAYERS):
+        for norm, n in (("attn_norm", h), ("ffn_norm", h), ("attn_q_norm", head_dim),
+                        ("attn_k_norm", head_dim)):
+            plain(f"blk.{i}.{norm}.weight", n)
+        quantized(f"blk.{i}.attn_q.weight", (heads * head_dim, h))
+        quantized(f"blk.{i}.attn_k.weight", (kv_heads * head_dim, h))
+        quantized(f"blk.{i}.attn_v.weight", (kv_heads * head_dim, h))
+        quantized(f"blk.{i}.attn_output.weight", (h, heads * head_dim))
+        plain(f"blk.{i}.ffn_gate_inp.weight", (experts, h), around=0.0)
+        quantized(f"blk.{i}.ffn_gate_exps.weight", (experts, ffn, h))
+        quantized(f"blk.{i}.ffn_up_exps.weight", (experts, ffn, h))
+        quantized(f"blk.{i}.ffn_down_exps.weight", (experts, h, ffn))
+    plain("output_norm.weight", h)
+    quantized("output.weight", (vocab, h))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -14,7 +14,7 @@ from test_layout import reference_planes
 
 from gguf_repack import convert, export, verify
 from gguf_repack.errors import OutputError
-from gguf_repack.type_table import TYPES
+from gguf_repack.format.type_table import TYPES
 
 
 @pytest.fixture

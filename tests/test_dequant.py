@@ -7,9 +7,9 @@ import torch
 from ggml_blocks import random_blocks
 from gguf.constants import GGMLQuantizationType
 
-from gguf_repack.dequant import dequantize_planes
-from gguf_repack.layout import pack
-from gguf_repack.type_table import TYPES
+from gguf_repack.format.layout import pack
+from gguf_repack.format.type_table import TYPES
+from gguf_repack.runtime.dequant import dequantize_planes
 
 # every quantized type that the reference can dequantize
 REFERENCE_TYPES = sorted(

@@ -182,7 +182,7 @@ def test_unknown_format_version_is_refused_with_a_clear_error(converted, smollm2
 def test_quantization_config_keeps_a_chosen_backend():
     """A backend passed in the quantization config survives to_dict (transformers serializes
     and re-reads it); the default stays out of config.json's form."""
-    from gguf_repack.hf.quantizer import GgufRepackConfig
+    from gguf_repack.integrations.hf.quantizer import GgufRepackConfig
 
     assert "backend" not in GgufRepackConfig().to_dict()
     assert GgufRepackConfig(backend="torch").to_dict()["backend"] == "torch"

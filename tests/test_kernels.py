@@ -8,9 +8,9 @@ import pytest
 import torch
 from ggml_blocks import as_q8_0, random_blocks
 
-from gguf_repack.dequant import DEQUANTIZERS, dequantize_planes
-from gguf_repack.layout import pack
-from gguf_repack.type_table import TYPES_BY_NAME
+from gguf_repack.format.layout import pack
+from gguf_repack.format.type_table import TYPES_BY_NAME
+from gguf_repack.runtime.dequant import DEQUANTIZERS, dequantize_planes
 
 KERNEL_TYPES = sorted(kernels.FORMATS)
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from ggml_blocks import random_blocks
 
-from gguf_repack.layout import blocks_shape, pack, plane_shapes, unpack
-from gguf_repack.type_table import TYPES
+from gguf_repack.format.layout import blocks_shape, pack, plane_shapes, unpack
+from gguf_repack.format.type_table import TYPES
 
 QUANTIZED = sorted(t.name for t in TYPES.values() if t.is_quantized)
 SHAPES = [(5, 3), (2, 7, 2), (2, 1, 3, 1), (1,)]  # (rows..., blocks per row): 2-D, 3-D, 4-D, 1-D

@@ -148,6 +148,11 @@ def test_backend_choice(every_type_out):
     assert torch.equal(w.dequantize(backend="torch"), w.dequantize(backend="auto"))
     # the test session runs Triton's interpreter (conftest), so the kernels run on CPU here
     assert torch.equal(w.dequantize(backend="triton"), w.dequantize(backend="torch"))
+    # a 1-D quantized tensor is one row (format.layout.as_rows), for both backends
+    row = QTensor(w.qtype, (w.shape[1],), {f: p[:, :1] for f, p in w.planes.items()})
+    assert row.dequantize(backend="triton").shape == (w.shape[1],)
+    assert torch.equal(row.dequantize(backend="triton"), w.dequantize(backend="torch")[0])
+    assert torch.equal(row.dequantize(backend="torch"), w.dequantize(backend="torch")[0])
     with pytest.raises(ValueError, match="unknown backend"):
         w.dequantize(backend="cuda")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from ggml_blocks import random_blocks
 
-from gguf_repack.dequant import dequantize_planes
-from gguf_repack.layout import pack
-from gguf_repack.type_table import TYPES_BY_NAME
+from gguf_repack.format.layout import pack
+from gguf_repack.format.type_table import TYPES_BY_NAME
+from gguf_repack.runtime.dequant import dequantize_planes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from raw_layout_kernels import RAW_DEQUANT, raw_matmul  # noqa: E402

@@ -6,7 +6,7 @@ from ggml_blocks import every_type_tensors, write_gguf
 from gguf import GGUFReader
 from gguf.constants import GGUFValueType
 
-from gguf_repack.reader import StringArray, read_gguf
+from gguf_repack.converter.reader import StringArray, read_gguf
 
 
 def assert_same_as_gguf_reader(path):

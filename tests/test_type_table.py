@@ -1,9 +1,8 @@
-import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from gguf_repack.errors import FormatError
-from gguf_repack.type_table import F16, F32, TYPES, TYPES_BY_NAME, ggml_type
+from gguf_repack.format.type_table import F32, TYPES, TYPES_BY_NAME, ggml_type
 
 # DESIGN.md's list: every one must be described field by field, not as an opaque block.
 DESIGN_TYPES = """F32 F16 BF16 F64 I8 I16 I32 I64 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K
@@ -32,19 +31,25 @@ def test_design_types_are_described_field_by_field(name):
         assert t.struct_dtype.itemsize == t.type_size
 
 
-def test_plane_dtypes_follow_the_field_rule():
+# Plane element types of fields read off ggml-common.h's structs, as DESIGN.md's rule gives
+# them: float fields as floats, byte runs of a multiple of 4 bytes as int32 words (a GPU's
+# vector loads), of 2 as int16, the rest as bytes.
+KNOWN_PLANES = {
+    ("Q4_K", "d"): ("<f2", 1), ("Q4_K", "scales"): ("<i4", 3), ("Q4_K", "qs"): ("<i4", 32),
+    ("Q8_0", "qs"): ("<i4", 8), ("Q5_0", "qh"): ("<i4", 1), ("Q6_K", "scales"): ("<i4", 4),
+    ("Q3_K", "hmask"): ("<i4", 8), ("IQ4_XS", "scales_h"): ("<i2", 1),
+    ("IQ4_XS", "scales_l"): ("<i4", 1), ("Q8_K", "d"): ("<f4", 1), ("Q8_K", "bsums"): ("<i4", 8),
+    ("TQ1_0", "qs"): ("<i4", 12), ("TQ1_0", "qh"): ("<i4", 1), ("IQ3_S", "signs"): ("<i4", 8),
+    ("IQ3_S", "scales"): ("<i4", 1), ("MXFP4", "e"): ("|u1", 1), ("Q2_K", "scales"): ("<i4", 4),
+}
+
+
+def test_plane_dtypes_of_known_fields():
+    for (type_name, field), (dtype, count) in KNOWN_PLANES.items():
+        f = next(f for f in TYPES_BY_NAME[type_name].fields if f.name == field)
+        assert (f.plane_dtype.str, f.count) == (dtype, count), (type_name, field)
     for t in TYPES.values():
-        for f in t.fields:
-            if f.kind == F16:
-                assert f.plane_dtype == np.float16
-            elif f.kind == F32:
-                assert f.plane_dtype == np.float32
-            elif f.size % 4 == 0:
-                assert f.plane_dtype == np.int32
-            elif f.size % 2 == 0:
-                assert f.plane_dtype == np.int16
-            else:
-                assert f.plane_dtype == np.uint8
+        for f in t.fields:  # a plane holds the field's bytes, no more, no fewer
             assert f.count * f.plane_dtype.itemsize == f.size
 
 

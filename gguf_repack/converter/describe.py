@@ -6,9 +6,10 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from .manifest import read_manifest
+from gguf_repack.format.output_dir import OutputDir
+from gguf_repack.format.type_table import TYPES_BY_NAME
+
 from .reader import StringArray, open_gguf
-from .type_table import TYPES_BY_NAME
 
 _SUMMARY_KEYS = ("general.architecture", "general.name", "general.file_type",
                  "general.quantization_version", "general.alignment")
@@ -47,9 +48,9 @@ def _describe_gguf(path: Path) -> dict:
 
 
 def _describe_output(path: Path) -> dict:
-    manifest = read_manifest(path)
-    tensors = [_row(t["name"], t["type"], t["shape"], t["source"]["nbytes"], t["layout"])
-               for t in manifest["tensors"]]
+    output = OutputDir(path)
+    manifest = output.manifest
+    tensors = [_row(t.name, t.type, t.shape, t.source["nbytes"], t.layout) for t in output.tensors]
     return {
         "kind": "gguf-repack output",
         "path": str(path),

@@ -8,8 +8,10 @@ import os
 
 import torch
 
+from gguf_repack.errors import RepackError
+from gguf_repack.format.layout import as_rows
+
 from .dequant import dequantize_planes
-from .errors import RepackError
 
 # Rows of float32 weights dequantized at a time by the torch backend's matmul and
 # embedding: a 1 GB quantized tensor never needs its whole float32 copy in memory.
@@ -62,7 +64,8 @@ class TritonBackend:
     def dequantize(cls, qt, dtype: torch.dtype) -> torch.Tensor:
         import gguf_repack_kernels as kernels
 
-        return kernels.dequantize(cls._planes(qt), qt.qtype.name, tuple(qt.shape), dtype)
+        return kernels.dequantize(cls._planes(qt), qt.qtype.name, as_rows(qt.shape),
+                                  dtype).reshape(qt.shape)
 
     @classmethod
     def matmul(cls, qt, x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .manifest import quantization_config
+from gguf_repack.format.manifest import quantization_config
+
 from .reader import GGUFFile, GGUFValueType, StringArray
 
 CONFIG_FILES = ("config.json", "generation_config.json")

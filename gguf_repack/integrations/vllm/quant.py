@@ -27,9 +27,9 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
-from ..manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
-from ..qtensor import QTensor, plane_torch_dtype
-from ..type_table import TYPES_BY_NAME, GGMLType
+from gguf_repack.format.manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
+from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
+from gguf_repack.runtime.qtensor import QTensor, plane_torch_dtype
 
 PLANE = "rp1_"
 
@@ -120,7 +120,8 @@ class GgufRepackVllmConfig(QuantizationConfig):
     def _load_types(self) -> dict[str, str]:
         """{transformers parameter name: GGUF type}, and the GGUF names of the embeddings."""
         if self._types is None:
-            from ..loader import load
+            from gguf_repack.runtime.loader import load
+
             from .weights import mapping_for
 
             repacked = load(self.directory)

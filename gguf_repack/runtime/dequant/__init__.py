@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..type_table import TYPES_BY_NAME, GGMLType
+from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
 
 Planes = dict[str, torch.Tensor]
 Dequantizer = Callable[[Planes], torch.Tensor]

@@ -14,7 +14,8 @@ def register() -> None:
     """Register the quantization method and the loader with vLLM. Safe to call again."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
-    from ..manifest import QUANT_METHOD
+    from gguf_repack.format.manifest import QUANT_METHOD
+
     from .quant import GgufRepackVllmConfig
     from .weights import RepackAwareModelLoader, register_loader
 

@@ -21,10 +21,15 @@ from .type_table import GGMLType
 LAYOUT = "rp1"
 
 
+def as_rows(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Torch shape (E..., N, K) of a tensor, as the layout sees it: a 1-D tensor (K,) is one
+    row, (1, K). The one place this rule lives; the backends pass the result to the kernels."""
+    return (1, *shape) if len(shape) == 1 else tuple(shape)
+
+
 def blocks_shape(shape: tuple[int, ...], qtype: GGMLType) -> tuple[int, ...]:
-    """GGUF byte shape [E..., N, B, type_size] of a tensor of torch shape (E..., N, K).
-    A 1-D tensor is one row (N = 1)."""
-    *lead, n, k = (1, *shape) if len(shape) == 1 else shape
+    """GGUF byte shape [E..., N, B, type_size] of a tensor of torch shape (E..., N, K)."""
+    *lead, n, k = as_rows(shape)
     return (*lead, n, k // qtype.block_size, qtype.type_size)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import FormatError
+from gguf_repack.errors import FormatError
 
 _NUMPY_TO_ST = {"<f2": "F16", "<f4": "F32", "<f8": "F64", "|i1": "I8", "<i2": "I16",
                 "<i4": "I32", "<i8": "I64", "|u1": "U8", "<u2": "U16", "<u4": "U32",

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGUFValueType
 
-from .errors import FormatError
-from .type_table import GGMLType, ggml_type
+from gguf_repack.errors import FormatError
+from gguf_repack.format.type_table import GGMLType, ggml_type
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

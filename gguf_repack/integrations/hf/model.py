@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import FormatError, RepackError
-from ..loader import RepackedModel, load
-from ..manifest import check_quantization_config
-from ..qtensor import QTensor
+from gguf_repack.errors import FormatError, RepackError
+from gguf_repack.integrations.tensor_map import TensorMapping, meta_model, without_quantization_config
+from gguf_repack.runtime.loader import RepackedModel, load
+from gguf_repack.runtime.qtensor import QTensor
+
 from .modules import QuantEmbedding, QuantLinear
-from .names import TensorMapping
 
 
 def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -46,16 +46,8 @@ def empty_model(config, dtype: torch.dtype):
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    quantization = getattr(config, "quantization_config", None)
-    if quantization is not None:
-        check_quantization_config(quantization if isinstance(quantization, dict)
-                                  else quantization.to_dict())
-        # from_config would look for a quantizer; the weights are put in place by fill_model
-        del config.quantization_config
-    with init_empty_weights(include_buffers=False):
+    with without_quantization_config(config), init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if quantization is not None:
-        config.quantization_config = quantization
     return model
 
 
@@ -63,7 +55,9 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
                backend: str = "auto", plain_only: bool = False) -> None:
     """Put every tensor of `repacked` into `model` (built by empty_model) in place; with
     `plain_only`, only the float ones (norms, biases) again, into a model filled before."""
-    mapping = TensorMapping(model, repacked)
+    # a model filled before holds QuantLinear modules, whose parameters are no longer named
+    # as transformers' are: its names come from a fresh meta copy then
+    mapping = TensorMapping(meta_model(model.config) if plain_only else model, repacked)
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")

@@ -22,8 +22,9 @@ from transformers.quantizers.auto import (
 )
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..loader import load
-from ..manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
+from gguf_repack.format.manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
+from gguf_repack.runtime.loader import load
+
 from .model import fill_model
 from .modules import QuantEmbedding, QuantLinear
 

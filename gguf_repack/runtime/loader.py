@@ -1,7 +1,9 @@
 """load(out): an output directory as {GGUF tensor name -> QTensor | torch.Tensor}.
 
-Tensors are materialized on first access, each from its own byte ranges of the memory-mapped
-safetensors shards: loading a model and touching one tensor reads only that tensor.
+The directory is read through format.output_dir.OutputDir (manifest, records, shards, plane
+checks: the same reader as verify and export). Tensors are materialized on first access,
+each from its own byte ranges of the memory-mapped safetensors shards: loading a model and
+touching one tensor reads only that tensor.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 
 import torch
 
-from .errors import FormatError
-from .manifest import TensorRecord, read_manifest
+from gguf_repack.converter.reader import read_gguf_header
+from gguf_repack.errors import FormatError
+from gguf_repack.format.manifest import TensorRecord
+from gguf_repack.format.output_dir import OutputDir
+
 from .qtensor import QTensor
-from .reader import read_gguf_header
-from .type_table import TYPES_BY_NAME
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -28,7 +31,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu", *,
     recomputed from its planes first, and a mismatch raises FormatError."""
     path = Path(path)
     if verify:
-        from .rebuild import verify as run_verify
+        from gguf_repack.converter.rebuild import verify as run_verify
 
         report = run_verify(path)
         if not report.ok:
@@ -43,15 +46,9 @@ class RepackedModel(Mapping):
 
     def __init__(self, path: Path, device: torch.device):
         self.path, self.device = path, device
-        self.manifest = read_manifest(path)
-        try:
-            self._records = {t["name"]: TensorRecord.from_json(t) for t in self.manifest["tensors"]}
-        except TypeError as e:
-            raise FormatError(f"{path}/manifest.json: malformed tensor record ({e})") from None
-        for r in self._records.values():
-            if r.type not in TYPES_BY_NAME:
-                raise FormatError(f"{path}: tensor {r.name!r} has type {r.type}, unknown to "
-                                  f"this gguf-repack")
+        self._dir = OutputDir(path)
+        self.manifest = self._dir.manifest
+        self._records = self._dir.records
         self._cache: dict[str, QTensor | torch.Tensor] = {}
         self._shards: dict[str, Any] = {}
 
@@ -102,9 +99,8 @@ class RepackedModel(Mapping):
         if name not in self._shards:
             from safetensors import safe_open
 
+            self._dir.entries(name)  # inside the directory, and its header checked
             shard = self.path / name
-            if shard.resolve().parent != self.path.resolve() or not shard.is_file():
-                raise FormatError(f"{self.path}: missing or misplaced shard {name!r}")
             try:
                 self._shards[name] = safe_open(shard, framework="pt", device=str(self.device))
             except Exception as e:  # SafetensorError: a damaged header, bytes no entry owns
@@ -112,7 +108,11 @@ class RepackedModel(Mapping):
         return self._shards[name]
 
     def _materialize(self, record: TensorRecord) -> QTensor | torch.Tensor:
+        if record.layout not in ("rp1", "plain"):
+            raise FormatError(f"{self.path}: tensor {record.name!r} has layout "
+                              f"{record.layout!r}, unknown to this gguf-repack")
         shard = self._shard(record.shard)
+        self._dir.check_planes(record)
         try:
             planes = {p.field: shard.get_tensor(p.key) for p in record.planes}
         except Exception as e:  # safetensors reports a missing key as a plain exception
@@ -120,7 +120,4 @@ class RepackedModel(Mapping):
                               f"{record.name!r} ({e})") from None
         if record.layout == "plain":
             return planes["data"]
-        if record.layout != "rp1":
-            raise FormatError(f"{self.path}: tensor {record.name!r} has layout "
-                              f"{record.layout!r}, unknown to this gguf-repack")
         return QTensor(record.type, record.shape, planes)

@@ -18,10 +18,11 @@ import torch
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-from ..hf.names import TensorMapping
-from ..loader import RepackedModel, load
-from ..manifest import QUANT_METHOD
-from ..qtensor import QTensor
+from gguf_repack.format.manifest import QUANT_METHOD
+from gguf_repack.integrations.tensor_map import TensorMapping
+from gguf_repack.runtime.loader import RepackedModel, load
+from gguf_repack.runtime.qtensor import QTensor
+
 from .quant import PLANE
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..qtensor import QTensor
+from gguf_repack.runtime.qtensor import QTensor
 
 _PREFIX = "plane_"
 

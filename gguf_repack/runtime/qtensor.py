@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gguf_repack.errors import RepackError
+from gguf_repack.format.layout import plane_shapes
+from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
+
 from . import backends
-from .errors import RepackError
-from .layout import plane_shapes
-from .type_table import TYPES_BY_NAME, GGMLType
 
 _TORCH_DTYPES = {np.dtype("<f2"): torch.float16, np.dtype("<f4"): torch.float32,
                  np.dtype("<i4"): torch.int32, np.dtype("<i2"): torch.int16,

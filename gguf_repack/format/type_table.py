@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .errors import FormatError
+from gguf_repack.errors import FormatError
 
 QK_K = 256
 

@@ -9,7 +9,7 @@ Order of work, and why:
    releases the GIL) while the main thread reads chunks of rows, hashes them (the per-tensor
    sha256), re-tiles and writes them.
 4. The engine files (config.json, tokenizer, generation config) come from transformers' GGUF
-   conversion, fed with the values already scanned (gguf_repack.hf.engine_files); without
+   conversion, fed with the values already scanned (gguf_repack.integrations.hf.engine_files); without
    the `hf` extra, or for a model transformers cannot describe, they are skipped and the
    summary says so. `weights_only=True` skips them on purpose.
 5. Everything goes into a temporary sibling directory; the manifest is written last and the
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import FormatError, OutputError
-from .layout import LAYOUT, blocks_shape, pack, plane_shapes
-from .manifest import (
+from gguf_repack import __version__
+from gguf_repack.errors import FormatError, OutputError
+from gguf_repack.format.layout import LAYOUT, blocks_shape, pack, plane_shapes
+from gguf_repack.format.manifest import (
     FORMAT,
     FORMAT_VERSION,
     INDEX,
@@ -50,8 +50,9 @@ from .manifest import (
     shard_name,
     write_manifest,
 )
+from gguf_repack.format.safetensors_io import Entry, layout_file, pread_into, pwrite_all, st_dtype
+
 from .reader import GGUFSet, TensorInfo, open_gguf
-from .safetensors_io import Entry, layout_file, pread_into, pwrite_all, st_dtype
 
 CHUNK_BYTES = 16 << 20  # source bytes re-tiled at a time
 # write errors that mean the output's filesystem will not take it (the file is not named by

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError
+from gguf_repack.errors import FormatError
 
 FORMAT = "gguf-repack"
 FORMAT_VERSION = 1

@@ -8,11 +8,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import FormatError, OutputError
-from .manifest import sha256_file
-from .output_dir import OutputDir
+from gguf_repack.errors import FormatError, OutputError
+from gguf_repack.format.manifest import sha256_file
+from gguf_repack.format.output_dir import OutputDir
+from gguf_repack.format.safetensors_io import pread_into, pwrite_all
+
 from .reader import SPLIT_NAME, open_gguf
-from .safetensors_io import pread_into, pwrite_all
 
 
 def export(out_dir: str | os.PathLike, dest: str | os.PathLike, *, force: bool = False) -> list[Path]:

@@ -1,0 +1,12 @@
+"""`gguf_repack.hf`, the public name of the transformers integration
+(gguf_repack/integrations/hf/): importing it registers the `gguf_repack` quantization method
+with transformers."""
+
+from .integrations.hf import (  # noqa: F401
+    GgufRepackConfig,
+    GgufRepackHfQuantizer,
+    QuantEmbedding,
+    QuantLinear,
+    __all__,
+    load_model,
+)

@@ -1,0 +1,171 @@
+"""The one tensor mapping: GGUF tensor names and values -> an engine's parameters, through
+transformers' own GGUF code. Every integration (transformers, vLLM) reads it.
+
+The name map is gguf-py's (as transformers and vLLM use it, via `get_gguf_hf_weights_map`),
+with transformers' per-architecture fallback for the names it does not cover (the MoE expert
+stacks that it joins, gate and up, into one parameter), and the per-architecture fixes are
+transformers' tensor processors. A quantized tensor may only be changed by a row permutation
+(llama.cpp permutes llama's Q and K rows for its rope); we find that permutation by running
+the processor on the row indices, so the fix applied is exactly transformers', and exact on
+the blocks.
+
+No tensor is dropped: a GGUF tensor with no parameter is either in SKIPPED, with the reason,
+or an error that names it and the architecture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import numpy as np
+import torch
+
+from gguf_repack.errors import RepackError
+from gguf_repack.format.manifest import check_quantization_config
+
+# GGUF tensors that llama.cpp stores and the engines compute instead, by full-name pattern:
+# never a parameter, so never loaded; each with the reason.
+SKIPPED = {
+    r"rope_freqs\.weight": "rope frequencies: the engine computes them from config.json",
+    r"rope_factors_(long|short)\.weight": "rope scaling factors: the engine reads them from config.json",
+}
+
+
+def skip_reason(gguf_name: str) -> str | None:
+    return next((why for pattern, why in SKIPPED.items() if re.fullmatch(pattern, gguf_name)), None)
+
+
+def tensor_processor(gguf_arch: str, config: dict):
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    return TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)(config=config)
+
+
+def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
+    """{GGUF tensor name: parameter name in `model`} (a transformers model, any device).
+
+    What transformers' `get_gguf_hf_weights_map` computes, with gguf-py's name map built once:
+    that function rebuilds it for every submodule (397 times for SmolLM2, 6.7 s)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next((a for a, name in MODEL_ARCH_NAMES.items() if name == gguf_arch), None)
+    if arch is None:
+        raise RepackError(f"gguf {_gguf_version()} has no tensor names for architecture {gguf_arch!r}")
+    name_map = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    names: dict[str, str] = {}
+    for hf_name in model.state_dict(keep_vars=True):
+        # transformers also tries each submodule with its own prefix dropped (a GGUF converted
+        # from the base model); the outer name wins
+        parts = hf_name.split(".")
+        for start in range(len(parts) - 1):
+            inner = ".".join(parts[start:])
+            base, dot, suffix = processor.preprocess_name(inner).rpartition(".")
+            if suffix not in ("weight", "bias"):
+                # a parameter without a suffix (a 3-D expert stack): GGUF names it .weight
+                base, dot, suffix = processor.preprocess_name(inner), ".", "weight"
+            gguf_name = name_map.get_name(base)
+            if gguf_name is not None:
+                names.setdefault(gguf_name + dot + suffix, hf_name)
+                break
+        else:
+            # transformers' own fallback, for what gguf-py's map cannot say (gate and up
+            # expert stacks joined into one parameter)
+            fallback: dict[str, str] = {}
+            inner = processor.preprocess_name(hf_name)
+            suffix = "." + inner.rpartition(".")[2] if inner.endswith((".weight", ".bias")) else ""
+            processor.perform_fallback_tensor_mapping(fallback, suffix, "", inner)
+            for gguf_name in fallback:
+                names.setdefault(gguf_name if gguf_name.endswith((".weight", ".bias"))
+                                 else gguf_name + ".weight", hf_name)
+    return names
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import version
+
+    return version("gguf")
+
+
+def row_permutation(processor, name: str, n_rows: int) -> torch.Tensor | None:
+    """The row order transformers' processor gives tensor `name` of `n_rows` rows, or None when
+    it leaves the rows alone. Raises when the fix is more than a row permutation: that would
+    need the weights dequantized."""
+    probe = np.arange(n_rows, dtype=np.float64)[:, None]
+    result = processor.process(weights=probe, name=name).weights
+    rows = np.asarray(result).reshape(-1)
+    if np.array_equal(rows, probe[:, 0]):
+        return None
+    if result.shape != probe.shape or not np.array_equal(np.sort(rows), probe[:, 0]):
+        raise RepackError(f"{name}: transformers changes this tensor's values on load, which a "
+                          f"quantized weight cannot follow exactly")
+    return torch.from_numpy(rows.astype(np.int64))
+
+
+def process_plain(processor, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A float tensor (norm, bias, F16/F32 weight) with transformers' fix applied (gemma's norms
+    are stored as w + 1)."""
+    result = processor.process(weights=tensor.numpy(), name=name).weights
+    return torch.from_numpy(np.ascontiguousarray(result))
+
+
+class TensorMapping:
+    """The GGUF tensors of `repacked` and the parameter of a transformers model each goes to
+    (`names`, in the directory's order), and transformers' per-architecture fixes, for any
+    integration that loads them. Raises, naming them, for tensors with no parameter and no
+    reason to be skipped."""
+
+    def __init__(self, model, repacked):
+        arch = repacked.metadata["general.architecture"]
+        self.processor = tensor_processor(arch, model.config.to_dict())
+        hf_names = gguf_to_hf_names(model, arch, self.processor)
+        self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
+        self.skipped = {name: skip_reason(name) for name in repacked
+                        if name not in hf_names and skip_reason(name)}
+        unmapped = [name for name in repacked if name not in hf_names and name not in self.skipped]
+        if unmapped:
+            raise RepackError(
+                f"{len(unmapped)} GGUF tensors of this {arch!r} model have no parameter in "
+                f"transformers' {type(model).__name__}: {', '.join(unmapped[:4])}"
+                f"{', ...' if len(unmapped) > 4 else ''} (the tensor mapping does not know them; "
+                f"nothing was dropped)")
+
+    @classmethod
+    def for_output(cls, repacked) -> "TensorMapping":
+        """From the output directory's config.json, with the model built on the meta device."""
+        from transformers import AutoConfig
+
+        return cls(meta_model(AutoConfig.from_pretrained(repacked.path)), repacked)
+
+    def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
+
+    def quantized(self, gguf_name: str, weight):
+        """The QTensor as transformers would have it: rows permuted where it permutes them."""
+        rows = row_permutation(self.processor, gguf_name, weight.shape[-2])
+        return weight if rows is None else weight.index_rows(rows)
+
+
+@contextlib.contextmanager
+def without_quantization_config(config):
+    """`config` without its quantization_config (checked first) while a model is built from
+    it: from_config would look for a quantizer, and the weights are placed by the caller."""
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is None:
+        yield config
+        return
+    check_quantization_config(quantization if isinstance(quantization, dict) else quantization.to_dict())
+    del config.quantization_config
+    try:
+        yield config
+    finally:
+        config.quantization_config = quantization
+
+
+def meta_model(config):
+    """The model for `config` with every tensor on the meta device: its parameter names, no
+    memory (and no accelerate, which vLLM does not install)."""
+    from transformers import AutoModelForCausalLM
+
+    with without_quantization_config(config), torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)

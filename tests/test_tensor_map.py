@@ -1,0 +1,125 @@
+"""The one tensor mapping (gguf_repack/integrations/tensor_map.py): every GGUF tensor goes to a
+transformers parameter, is skipped for a listed reason, or is an error that names it. The
+reference for the names is transformers' own models (their parameters), and for the tensors
+the names llama.cpp writes (gguf-py's name map)."""
+
+import numpy as np
+import pytest
+import torch
+from hf_models import byte_tokenizer_kvs, write_model, write_qwen3_moe
+
+import gguf_repack
+from gguf_repack.errors import RepackError
+from gguf_repack.integrations.tensor_map import SKIPPED, TensorMapping, meta_model
+
+
+class Listing(dict):
+    """What TensorMapping reads of a loaded output: its tensor names and architecture."""
+
+    def __init__(self, arch: str, names: list[str]):
+        super().__init__(dict.fromkeys(names))
+        self.metadata = {"general.architecture": arch}
+
+
+def moe_tensors(layer_tensors: list[str]) -> list[str]:
+    """The tensors llama.cpp writes for a 2-layer MoE model (convert_hf_to_gguf.py)."""
+    per_layer = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                 "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", *layer_tensors]
+    return ["token_embd.weight", "output_norm.weight", "output.weight",
+            *(f"blk.{i}.{t}" + ("" if t.endswith(".bias") else ".weight")
+              for i in range(2) for t in per_layer)]
+
+
+SMALL_MOE = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                 num_experts_per_tok=2, vocab_size=100, tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_expert_stacks_map_to_transformers_joined_parameters(arch):
+    """gate and up expert stacks both go to transformers' one gate_up_proj (its fallback
+    mapping), down to down_proj, with their .weight suffix; every parameter of the model has
+    its tensor. (The old mapping dropped them and load_model said "no tensor for N model
+    weights".)"""
+    from transformers import Qwen2MoeConfig, Qwen3MoeConfig
+
+    if arch == "qwen3moe":
+        model = meta_model(Qwen3MoeConfig(**SMALL_MOE, head_dim=16))
+        listing = Listing(arch, moe_tensors(["attn_q_norm", "attn_k_norm"]))
+    else:
+        model = meta_model(Qwen2MoeConfig(**SMALL_MOE, shared_expert_intermediate_size=64))
+        listing = Listing(arch, moe_tensors(
+            ["ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+             "attn_q.bias", "attn_k.bias", "attn_v.bias"]))
+    mapping = TensorMapping(model, listing)
+    to = dict(mapping.names)
+    assert set(to) == set(listing) and mapping.skipped == {}
+    assert to["blk.1.ffn_gate_exps.weight"] == to["blk.1.ffn_up_exps.weight"] \
+        == "model.layers.1.mlp.experts.gate_up_proj"
+    assert to["blk.1.ffn_down_exps.weight"] == "model.layers.1.mlp.experts.down_proj"
+    assert set(to.values()) == {name for name, _ in model.named_parameters()}
+
+
+def test_a_tensor_without_a_parameter_is_an_error_that_names_it():
+    from transformers import LlamaConfig
+
+    model = meta_model(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    names = ["token_embd.weight", "output_norm.weight", "output.weight", "blk.0.attn_norm.weight",
+             "blk.0.ffn_gate_exps.weight", "blk.0.mystery.weight"]
+    with pytest.raises(RepackError) as error:
+        TensorMapping(model, Listing("llama", names))
+    message = str(error.value)
+    assert "2 GGUF tensors" in message and "'llama'" in message and "LlamaForCausalLM" in message
+    assert "blk.0.ffn_gate_exps.weight" in message and "blk.0.mystery.weight" in message
+
+
+@pytest.fixture
+def written(tmp_path):
+    def write(extra):
+        src = write_model(tmp_path / "m.gguf", "qwen2", byte_tokenizer_kvs(),
+                          np.random.default_rng(3), extra=extra)
+        out = tmp_path / "out"
+        gguf_repack.convert(src, out)
+        return out
+    return write
+
+
+def test_load_model_names_an_unmapped_tensor_instead_of_calling_the_output_damaged(written):
+    from gguf_repack.hf import load_model
+
+    out = written({"blk.0.ffn_extra.weight": np.ones(8, np.float32)})
+    with pytest.raises(RepackError, match=r"1 GGUF tensors of this 'qwen2' .*blk\.0\.ffn_extra\.weight"):
+        load_model(out)
+
+
+def test_rope_frequencies_are_skipped_for_their_listed_reason(written):
+    """llama.cpp stores rope_freqs for llama 3 style rope scaling; transformers computes them
+    from config.json. The mapping lists the skip with its reason and the model loads."""
+    from gguf_repack.hf import load_model
+
+    out = written({"rope_freqs.weight": np.ones(32, np.float32)})
+    repacked = gguf_repack.load(out)
+    mapping = TensorMapping.for_output(repacked)
+    assert mapping.skipped == {"rope_freqs.weight": SKIPPED[r"rope_freqs\.weight"]}
+    assert "rope_freqs.weight" not in dict(mapping.names)
+    model = load_model(out)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[1, 100, 200]])).logits).all()
+
+
+def test_a_converted_moe_model_says_its_expert_stacks_cannot_run_yet(tmp_path):
+    """A Qwen3-MoE file as llama.cpp writes one: its output is complete, every tensor is mapped
+    (none is "missing"), and load_model names the first expert stack as what is not supported,
+    instead of calling the output damaged."""
+    from gguf_repack.hf import load_model
+
+    src = write_qwen3_moe(tmp_path / "moe.gguf", byte_tokenizer_kvs(), np.random.default_rng(5))
+    out = tmp_path / "out"
+    gguf_repack.convert(src, out)
+    assert gguf_repack.verify(out, against=src).ok
+    mapping = TensorMapping.for_output(gguf_repack.load(out))
+    assert len(mapping.names) == len(gguf_repack.load(out)) and mapping.skipped == {}
+    with pytest.raises(RepackError, match=r"blk\.0\.ffn_gate_exps\.weight: .*experts\.gate_up_proj "
+                                          r"is not supported yet"):
+        load_model(out)
