@@ -30,6 +30,8 @@ from .fields import (
     field,
     field_f16,
     field_run,
+    lookup16,
+    lookup16_ptx,
     lookup_run_dot,
     lookup_table,
     mac_bf16,
@@ -190,9 +192,13 @@ def ksign_factors(TABLE, idx):
     return sign_factors(tl.load(TABLE.to(tl.pointer_type(tl.int32)) + idx))
 
 
+KVALUES_PTX = tl.constexpr(lookup16_ptx(_kvalues()))
+
+
 @triton.jit
 def kvalue(TABLE, q):
-    return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + q.to(tl.int32)).to(tl.float32)
+    """IQ4's kvalues[q] as float32 (the table's first 16 words, in the interpreter)."""
+    return lookup16(q, TABLE, KVALUES_PTX)
 
 
 @triton.jit

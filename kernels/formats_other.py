@@ -19,6 +19,8 @@ from .fields import (
     field_bytes,
     field_f16,
     field_run,
+    lookup16,
+    lookup16_ptx,
     lookup_run_dot,
     lookup_table,
     mac_lookup_nibbles,
@@ -165,15 +167,17 @@ def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 # --- FP4 microscaling ---------------------------------------------------------------------
 
 
+E2M1_DOUBLED = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
+E2M1_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED))
+
+
 @triton.jit
-def e2m1_doubled(code):
+def e2m1_doubled(code, TABLE):
     """4-bit E2M1 code -> twice its value as float32 (gguf-py's kvalues): 0, 1, 2, 3, 4, 6,
-    8, 12, negated by bit 3. From magnitude code 2 up, bit 0 is the mantissa (2 or 3) and
-    bits 1..2 the exponent. Negated as an integer so that code 8 gives +0.0, as the table
-    does, not -0.0 (a different product with the scale, bitwise)."""
-    m = (code & 7).to(tl.int32)
-    mag = tl.where(m < 2, m, (2 + (m & 1)) << ((m >> 1) - 1))
-    return tl.where((code & 8) != 0, -mag, mag).to(tl.float32)
+    8, 12, negated by bit 3; code 8 gives +0.0, as gguf-py's table does. Looked up 4 codes at
+    a time from the instruction stream (fields.lookup16); the table's first 16 words are
+    these values for the interpreter."""
+    return lookup16(code, TABLE, E2M1_PTX)
 
 
 @triton.jit
@@ -197,13 +201,13 @@ def ue4m3_half(x):
     return tl.where(x == 0x7F, 0.0, value)
 
 
-E2M1_DOUBLED = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 
 
 @cache
 def e2m1_table(device: torch.device) -> torch.Tensor:
     """Twice the 16 E2M1 values (OCP microscaling; gguf-py's kvalues), for the GEMV's
-    lookups (the dequant functions decode the codes arithmetically)."""
+    lookups and the interpreter's (on a GPU the dequant functions take them from the
+    instruction stream)."""
     return torch.tensor(E2M1_DOUBLED, dtype=torch.int32, device=device)
 
 
@@ -234,7 +238,7 @@ def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]
-    return e2m1_doubled(nibbles(field_bytes(P1, j, rows, mask, N, 16))) * scale
+    return e2m1_doubled(nibbles(field_bytes(P1, j, rows, mask, N, 16)), TABLE) * scale
 
 
 @triton.jit
@@ -267,4 +271,4 @@ def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     qs = tl.reshape(field_bytes(P1, j, rows, mask, N, 32), (rows.shape[0], 4, 8))
     both = tl.permute(tl.join(qs & 0x0F, qs >> 4), (0, 1, 3, 2))  # [R, 4, 2, 8]
     codes = tl.reshape(both, (rows.shape[0], 4, 16))
-    return tl.reshape(e2m1_doubled(codes) * scale, (rows.shape[0], 64))
+    return tl.reshape(e2m1_doubled(codes, TABLE) * scale, (rows.shape[0], 64))

@@ -258,3 +258,23 @@ def test_real_model_tensors_through_the_triton_backend(model_name, converted):
         x = torch.randn(2, w.shape[1])
         ref = w.matmul(x, backend="torch")
         assert ((w.matmul(x, backend="triton") - ref).abs().max() / ref.abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("table", ["IQ4_NL kvalues", "E2M1 doubled"])
+def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
+    """fields.lookup16's inline PTX (what a GPU runs; the interpreter reads the table from
+    memory instead), run by tests/ptx_emulator.py for all 16**4 words of 4 codes: each output is
+    the table's value as float32, bit for bit (+0.0 for E2M1's code 8, as gguf-py's table)."""
+    from gguf_repack_kernels.fields import lookup16_ptx
+    from ptx_emulator import run
+
+    values = (list(gguf.quants.IQ4_NL.kvalues) if table.startswith("IQ4")
+              else list(gguf.quants.MXFP4.kvalues))
+    codes = np.arange(16 ** 4, dtype=np.uint32)
+    c = [(codes >> (4 * k)) & 15 for k in range(4)]
+    word = c[0] | c[1] << 8 | c[2] << 16 | c[3] << 24
+    regs = run(lookup16_ptx(values), {"$4": word})
+    expected = np.array(values, np.float32)
+    for k in range(4):
+        got = regs[f"${k}"]
+        assert np.array_equal(got, expected[c[k]].view(np.uint32)), (table, k)
