@@ -128,16 +128,19 @@ def _all_sign_bytes() -> np.ndarray:
     return np.arange(256, dtype=np.int32)
 
 
-def _grid_table(name, signs=None, dequant_ksigns=False):
+def _grid_table(name, signs=None, dequant_ksigns=False, gemv_grid16=True):
     """(table function, word offset of the GEMV's grid, word offset of the GEMV's signs)
     of grid type `name`: the dequant's parts ([ksigns,] grid as bytes), then the GEMV's
     (grid as bfloat16, for IQ1_M grid + 1/8 then grid - 1/8; [signs as sign bits of
-    ksigns or of every byte])."""
+    ksigns or of every byte]). A GEMV on int8 x (IQ1_S) reads the byte grid and needs no
+    bfloat16 one."""
     import gguf.quants
 
     rows, width = getattr(gguf.quants, name).grid_shape
     deltas = (0.125, -0.125) if name == "IQ1_M" else (0.0,)
-    parts = ([_ksigns] if dequant_ksigns else []) + [_grid(name), _grid16(name, deltas)]
+    parts = ([_ksigns] if dequant_ksigns else []) + [_grid(name)]
+    if gemv_grid16:
+        parts.append(_grid16(name, deltas))
     grid16_at = (128 if dequant_ksigns else 0) + rows * width // 4
     signs_at = grid16_at + len(deltas) * rows * width // 2
     if signs is not None:
@@ -150,7 +153,7 @@ IQ2_XS_TABLE, IQ2_XS_GRID16, IQ2_XS_SIGNS16 = _grid_table("IQ2_XS", _ksigns, Tru
 IQ2_S_TABLE, IQ2_S_GRID16, IQ2_S_SIGNS16 = _grid_table("IQ2_S", _all_sign_bytes)
 IQ3_XXS_TABLE, IQ3_XXS_GRID16, IQ3_XXS_SIGNS16 = _grid_table("IQ3_XXS", _ksigns, True)
 IQ3_S_TABLE, IQ3_S_GRID16, IQ3_S_SIGNS16 = _grid_table("IQ3_S", _all_sign_bytes)
-IQ1_S_TABLE, IQ1_S_GRID16, _ = _grid_table("IQ1_S")
+IQ1_S_TABLE, _, _ = _grid_table("IQ1_S", gemv_grid16=False)
 IQ1_M_TABLE, IQ1_M_GRID16, _ = _grid_table("IQ1_M")
 
 
