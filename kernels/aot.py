@@ -83,7 +83,8 @@ def _spec(family: str, fmt, act: str):
         out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
         return gemm_kernel, {**common, "OUT": out}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            "DQ": fmt.dequant, "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
+            "DQ": fmt.dequant_f16 if act == "fp16" and fmt.dequant_f16 else fmt.dequant,
+            "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
     raise ValueError(family)
 
 

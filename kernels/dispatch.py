@@ -100,6 +100,12 @@ def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
     return torch.empty(m, n, device=x.device, dtype=x.dtype)
 
 
+def _gemm_dequant(fmt: Format, dtype: torch.dtype):
+    """The fused GEMM's dequant function: the type's float16 one for float16 x, where it has
+    one (registry.py), else the float32 one."""
+    return fmt.dequant_f16 if dtype == torch.float16 and fmt.dequant_f16 is not None else fmt.dequant
+
+
 def matmul_path(type_name: str, m: int) -> str:
     """Which of the three paths multiplies M rows of x (configs.py says why): "gemv",
     "gemm" (fused) or "dequantize+matmul"."""
@@ -157,6 +163,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
         grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
         gemm_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
-                          IEEE=x.dtype == torch.float32, DQ=fmt.dequant, SPLIT_K=cfg["SPLIT_K"],
+                          IEEE=x.dtype == torch.float32, DQ=_gemm_dequant(fmt, x.dtype),
+                          SPLIT_K=cfg["SPLIT_K"],
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.to(x.dtype).reshape(*x.shape[:-1], n)

@@ -59,6 +59,21 @@ def concat(a, b):
 
 
 @triton.jit
+def field_h(P, j, rows, mask, N):
+    """A float16 scale field as float16 [len(rows), 1] (for the fp16 dequant functions)."""
+    base = (j * N + rows).to(tl.int64)
+    return tl.load(P.to(tl.pointer_type(tl.float16)) + base, mask=mask, other=0.0)[:, None]
+
+
+@triton.jit
+def small_int_f16(q, OFFSET: tl.constexpr):
+    """q - OFFSET as float16, exactly, for integers 0 <= q < 1024: q ORed under float16's
+    exponent of 1024 (0x6400 is 1024.0, and its 10 mantissa bits are q), less 1024 + OFFSET.
+    An OR and a subtraction, where I2F converts at a sixteenth of the FMA rate."""
+    return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - (1024.0 + OFFSET)
+
+
+@triton.jit
 def nibbles(b):
     """uint8 [R, n] -> [R, 2n]: every byte's low nibble, then every high one (ggml's order)."""
     return concat(b & 0x0F, b >> 4)

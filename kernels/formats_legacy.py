@@ -6,6 +6,7 @@ import triton.language as tl
 from .fields import (
     field_bytes,
     field_f16,
+    field_h,
     field_word,
     mac4,
     mac_bytes,
@@ -15,6 +16,7 @@ from .fields import (
     row_word,
     scale_f16,
     shr,
+    small_int_f16,
     spread4,
     words4,
     x_sum,
@@ -41,7 +43,12 @@ def q4_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
     return scale_f16(P0, j, rows, mask, N) * s
 
 
-@register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot)
+@triton.jit
+def q4_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return field_h(P0, j, rows, mask, N) * small_int_f16(nibbles(field_bytes(P1, j, rows, mask, N, 16)), 8)
+
+
+@register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot, dequant_f16=q4_0_f16)
 @triton.jit
 def q4_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -64,7 +71,13 @@ def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
     return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * x_sum(SB, 0, 32)
 
 
-@register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot)
+@triton.jit
+def q4_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    q = small_int_f16(nibbles(field_bytes(P2, j, rows, mask, N, 16)), 0)
+    return field_h(P0, j, rows, mask, N) * q + field_h(P1, j, rows, mask, N)
+
+
+@register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot, dequant_f16=q4_1_f16)
 @triton.jit
 def q4_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -103,7 +116,13 @@ def q5_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
     return scale_f16(P0, j, rows, mask, N) * s + scale_f16(P1, j, rows, mask, N) * x_sum(SB, 0, 32)
 
 
-@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot)
+@triton.jit
+def q5_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    q = nibbles(field_bytes(P2, j, rows, mask, N, 16)) | fifth_bits(P1, j, rows, mask, N)
+    return field_h(P0, j, rows, mask, N) * small_int_f16(q, 16)
+
+
+@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_f16=q5_0_f16)
 @triton.jit
 def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -111,7 +130,13 @@ def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return d * (q - 16).to(tl.float32)
 
 
-@register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot)
+@triton.jit
+def q5_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    q = nibbles(field_bytes(P3, j, rows, mask, N, 16)) | fifth_bits(P2, j, rows, mask, N)
+    return field_h(P0, j, rows, mask, N) * small_int_f16(q, 0) + field_h(P1, j, rows, mask, N)
+
+
+@register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_f16=q5_1_f16)
 @triton.jit
 def q5_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

@@ -23,6 +23,13 @@ see fields.py's "GEMV with int8 x"): the same weights, multiplied straight from 
 the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a block takes
 (a 256-weight block in parts lets a thread own more rows at the same registers); `dot_parts`
 says which PARTS the dot function supports.
+
+A type may have a float16 dequant function, for the fused GEMM with float16 x: the same
+signature, float16 [len(rows), block_size], computed in float16 (small integers made float16
+exactly by a bit trick, then the scale: one rounding, so the weights are the float32 ones
+rounded to float16, as the float32 function and a conversion give them, except where a min
+is added, which rounds once instead of twice). It spares the GEMM converting every weight
+to float32 and back, which is most of what it issues at small M.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ class Format:
     table: Callable[[torch.device], torch.Tensor] | None = None  # lookup table, per device
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
     x_int8: bool = False  # its dot function multiplies x quantized per 32 to int8
+    dequant_f16: object = None  # the fused GEMM's dequant for float16 x, see above
 
     @property
     def x_stride(self) -> int:
@@ -58,13 +66,14 @@ FORMATS: dict[str, Format] = {}
 
 def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
-             dot_parts: tuple[int, ...] = (1,), x_int8: bool = False):
+             dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_f16=None):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
     def wrap(fn):
         assert name not in FORMATS, name
-        FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8)
+        FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
+                               dequant_f16)
         return fn
 
     return wrap

@@ -7,7 +7,7 @@ and IQ4_XS: the types bench_gpu.py runs at every shape (benchmark use, not part 
 package).
 
 A raw dequant function gets the address of each row's block and reads every field at its
-byte offset inside the block (gguf_repack/type_table.py), as bytes. A block address is only
+byte offset inside the block (gguf_repack/format/type_table.py), as bytes. A block address is only
 as aligned as the block size makes it (2 bytes for Q4_0's 18, Q8_0's 34, Q6_K's 210; 8 for
 IQ4_XS's 136; 16 for Q4_K's 144 and Q5_K's 176): nothing more is promised here, and Triton
 vectorizes what that allows. A header's scalars (d, dmin, packed scales) are read with their

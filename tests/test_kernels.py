@@ -6,6 +6,8 @@ import gguf_repack_kernels as kernels
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from ggml_blocks import as_q8_0, random_blocks
 
 from gguf_repack.format.layout import pack
@@ -278,3 +280,40 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
     for k in range(4):
         got = regs[f"${k}"]
         assert np.array_equal(got, expected[c[k]].view(np.uint32)), (table, k)
+
+
+@triton.jit
+def _dequant_f16_kernel(P0, P1, P2, P3, P4, TABLE, OUT, N, BLOCK: tl.constexpr, BN: tl.constexpr,
+                        DQ: tl.constexpr):
+    rows = tl.arange(0, BN)
+    w = DQ(P0, P1, P2, P3, P4, TABLE, tl.program_id(0), rows, rows < N, N)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(OUT + rows[:, None] * (tl.num_programs(0) * BLOCK) + cols[None, :], w,
+             mask=(rows < N)[:, None])
+
+
+@pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16 is not None])
+def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
+    """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
+    to float16, bit for bit where the weight is a scale times a small integer (Q4_0, Q5_0).
+    Where a min is added (Q4_1, Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and
+    the interpreter rounds d * q first: within those two roundings, of d * q and of the sum."""
+    from gguf_repack_kernels.dispatch import _plane_args
+
+    fmt = kernels.FORMATS[name]
+    assert {"Q4_0", "Q4_1"} <= {n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
+    qtype = TYPES_BY_NAME[name]
+    n, k = 37, 3 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    expected = dequantize_planes(planes, qtype).half()
+    got = torch.empty(n, k, dtype=torch.float16)
+    _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), got, n,
+                                                   BLOCK=qtype.block_size, BN=64,
+                                                   DQ=fmt.dequant_f16)
+    if name in ("Q4_0", "Q5_0"):
+        assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
+    else:
+        m = planes["m"].float()[..., 0].T.repeat_interleave(qtype.block_size, dim=1)  # [N, K]
+        exact = dequantize_planes(planes, qtype)
+        bound = torch.finfo(torch.float16).eps * ((exact - m).abs() + exact.abs()) + 2 ** -24
+        assert ((got.float() - exact).abs() <= bound).all()
