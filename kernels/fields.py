@@ -235,6 +235,35 @@ def lookup16_ptx(values) -> str:
             + convert + "}")
 
 
+def lookup16_f16_ptx(values) -> str:
+    """PTX for `lookup16_f16`: as lookup16_ptx, but each pair of looked-up bytes goes under
+    float16's exponent of 1024 (one PRMT makes 0x64XX 0x64YY, 1024 + 128 + value each) and one
+    HSUB2 takes 1152 off both, exactly: 4 codes -> 2 registers of 2 float16 ($0, $1)."""
+    table = [(int(v) + 128) & 0xFF for v in values]
+    assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
+    words = [sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4)]
+    return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, c, k; "
+            f"mov.b32 a0, {words[0]:#010x}; mov.b32 a1, {words[1]:#010x}; "
+            f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; "
+            "mov.b32 c, 0x00000064; mov.b32 k, 0x64806480; "
+            "and.b32 s, $2, 0x07070707; shr.u32 t, s, 4; or.b32 s, s, t; prmt.b32 s, s, s, 0x0020; "
+            "prmt.b32 lo, a0, a1, s; prmt.b32 hi, a2, a3, s; "
+            "shl.b32 m, $2, 4; prmt.b32 m, m, m, 0xBA98; lop3.b32 r, hi, lo, m, 0xE4; "
+            "prmt.b32 t, r, c, 0x4140; sub.f16x2 $0, t, k; "
+            "prmt.b32 t, r, c, 0x4342; sub.f16x2 $1, t, k; }")
+
+
+@triton.jit
+def lookup16_f16(codes, TABLE, PTX: tl.constexpr):
+    """As lookup16, as float16 (exact: the values are small integers); `PTX` is
+    lookup16_f16_ptx(VALUES)."""
+    if INTERPRETED:
+        return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32)).to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(PTX, "=r,=r,r", [codes], dtype=tl.float16,
+                                         is_pure=True, pack=4)
+
+
 @triton.jit
 def lookup16(codes, TABLE, PTX: tl.constexpr):
     """VALUES[code] as float32 for uint8 codes 0..15 (any shape whose last dimension is a

@@ -29,8 +29,11 @@ from .fields import (
     dot4,
     field,
     field_f16,
+    field_h,
     field_run,
     lookup16,
+    lookup16_f16,
+    lookup16_f16_ptx,
     lookup16_ptx,
     lookup_run_dot,
     lookup_table,
@@ -196,6 +199,7 @@ def ksign_factors(TABLE, idx):
 
 
 KVALUES_PTX = tl.constexpr(lookup16_ptx(_kvalues()))
+KVALUES_F16_PTX = tl.constexpr(lookup16_f16_ptx(_kvalues()))
 
 
 @triton.jit
@@ -238,7 +242,13 @@ def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
     return scale_f16(P0, j, rows, mask, N) * s
 
 
-@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot)
+@triton.jit
+def iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    q = lookup16_f16(nibbles(field(P1, j, rows, mask, N, 16, tl.uint8)), TABLE, KVALUES_F16_PTX)
+    return field_h(P0, j, rows, mask, N) * q
+
+
+@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_f16=iq4_nl_f16)
 @triton.jit
 def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -263,8 +273,22 @@ def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
     return scale_f16(P0, j, rows, mask, N) * acc
 
 
+@triton.jit
+def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    # d times the sub-block's scale is rounded to float16, then times the value: two
+    # roundings where the float32 function has one (within the GEMM's tolerance)
+    R: tl.constexpr = rows.shape[0]
+    d = field_f16(P0, j, rows, mask, N)
+    hi = bitfields(field(P1, j, rows, mask, N, 1, tl.uint16), 2, 8, 0x03)
+    lo = bitfields(field(P2, j, rows, mask, N, 1, tl.uint32), 4, 8, 0x0F)
+    dl = (d * ((lo | (hi << 4)) - 32).to(tl.float32)).to(tl.float16)
+    qs = tl.reshape(field(P3, j, rows, mask, N, 128, tl.uint8), (R * 8, 16))
+    q = tl.reshape(lookup16_f16(nibbles(qs), TABLE, KVALUES_F16_PTX), (R, 256))
+    return per_group(dl, q)
+
+
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
-          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8))
+          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16)
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]

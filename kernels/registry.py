@@ -25,11 +25,12 @@ the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a 
 says which PARTS the dot function supports.
 
 A type may have a float16 dequant function, for the fused GEMM with float16 x: the same
-signature, float16 [len(rows), block_size], computed in float16 (small integers made float16
-exactly by a bit trick, then the scale: one rounding, so the weights are the float32 ones
-rounded to float16, as the float32 function and a conversion give them, except where a min
-is added, which rounds once instead of twice). It spares the GEMM converting every weight
-to float32 and back, which is most of what it issues at small M.
+signature, float16 [len(rows), block_size], computed in float16 (small integers or table
+values made float16 exactly by a bit trick, then the scale: one rounding, so the weights are
+the float32 ones rounded to float16, as the float32 function and a conversion give them;
+where a min is added (Q4_1, Q5_1) or a scale is itself a product (IQ4_XS) the rounding
+differs, within the GEMM's tolerance). It spares the GEMM converting every weight to float32
+and back, which is most of what it issues at small M.
 """
 
 from __future__ import annotations

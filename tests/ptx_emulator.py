@@ -75,6 +75,8 @@ def run(ptx: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             r = prmt(*v)
         elif op == "lop3.b32":
             r = lop3(v[0], v[1], v[2], int(srcs[3], 0))
+        elif op == "sub.f16x2":
+            r = (v[0].view(np.float16) - v[1].view(np.float16)).view(U32)
         elif op == "sub.f32":
             r = (v[0].view(np.float32) - v[1].view(np.float32)).view(U32)
         else:

@@ -264,10 +264,11 @@ def test_real_model_tensors_through_the_triton_backend(model_name, converted):
 
 @pytest.mark.parametrize("table", ["IQ4_NL kvalues", "E2M1 doubled"])
 def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
-    """fields.lookup16's inline PTX (what a GPU runs; the interpreter reads the table from
-    memory instead), run by tests/ptx_emulator.py for all 16**4 words of 4 codes: each output is
-    the table's value as float32, bit for bit (+0.0 for E2M1's code 8, as gguf-py's table)."""
-    from gguf_repack_kernels.fields import lookup16_ptx
+    """fields.lookup16's and lookup16_f16's inline PTX (what a GPU runs; the interpreter reads
+    the table from memory instead), run by tests/ptx_emulator.py for all 16**4 words of 4
+    codes: each output is the table's value as float32 (or float16), bit for bit (+0.0 for
+    E2M1's code 8, as gguf-py's table)."""
+    from gguf_repack_kernels.fields import lookup16_f16_ptx, lookup16_ptx
     from ptx_emulator import run
 
     values = (list(gguf.quants.IQ4_NL.kvalues) if table.startswith("IQ4")
@@ -280,6 +281,11 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
     for k in range(4):
         got = regs[f"${k}"]
         assert np.array_equal(got, expected[c[k]].view(np.uint32)), (table, k)
+    # the float16 variant: codes 0, 1 in $0 and 2, 3 in $1, the first of each in the low half
+    regs = run(lookup16_f16_ptx(values), {"$2": word})
+    halves = np.array(values, np.float16).view(np.uint16).astype(np.uint32)
+    for k in range(2):
+        assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), (table, k)
 
 
 @triton.jit
@@ -295,13 +301,16 @@ def _dequant_f16_kernel(P0, P1, P2, P3, P4, TABLE, OUT, N, BLOCK: tl.constexpr, 
 @pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16 is not None])
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
-    to float16, bit for bit where the weight is a scale times a small integer (Q4_0, Q5_0).
-    Where a min is added (Q4_1, Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and
-    the interpreter rounds d * q first: within those two roundings, of d * q and of the sum."""
+    to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
+    Q5_0, IQ4_NL, NVFP4). Where a min is added (Q4_1, Q5_1) a GPU fuses d * q + m into one
+    HFMA (one rounding) and the interpreter rounds d * q first: within those two roundings, of
+    d * q and of the sum. IQ4_XS rounds d times its sub-block scale, then the product: within
+    two roundings."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
-    assert {"Q4_0", "Q4_1"} <= {n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
+    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "NVFP4"} == {
+        n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -310,10 +319,14 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
     _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), got, n,
                                                    BLOCK=qtype.block_size, BN=64,
                                                    DQ=fmt.dequant_f16)
-    if name in ("Q4_0", "Q5_0"):
+    eps = torch.finfo(torch.float16).eps
+    if name in ("Q4_0", "Q5_0", "IQ4_NL", "NVFP4"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
+    elif name == "IQ4_XS":
+        exact = dequantize_planes(planes, qtype)
+        assert ((got.float() - exact).abs() <= eps * exact.abs() + 2 ** -24).all()
     else:
         m = planes["m"].float()[..., 0].T.repeat_interleave(qtype.block_size, dim=1)  # [N, K]
         exact = dequantize_planes(planes, qtype)
-        bound = torch.finfo(torch.float16).eps * ((exact - m).abs() + exact.abs()) + 2 ** -24
+        bound = eps * ((exact - m).abs() + exact.abs()) + 2 ** -24
         assert ((got.float() - exact).abs() <= bound).all()
