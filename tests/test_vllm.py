@@ -38,11 +38,13 @@ def vllm_python() -> str:
 
 
 def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, eager: bool = True,
-             expect_ok: bool = True):
-    """vLLM's greedy tokens. `eager=False` is LLM()'s default: the model under torch.compile,
-    which takes a minute more to start on this CPU."""
+             expect_ok: bool = True, held_bytes: bool = False):
+    """vLLM's greedy tokens (and with `held_bytes`, what each worker's model holds, by
+    gguf_repack.integrations.vllm.memory.held_bytes). `eager=False` is LLM()'s default: the
+    model under torch.compile, which takes a minute more to start on this CPU."""
     proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), str(model), *prompts,
-                           "--tp", str(tp), *(["--eager"] if eager else [])],
+                           "--tp", str(tp), *(["--eager"] if eager else []),
+                           *(["--held-bytes"] if held_bytes else [])],
                           capture_output=True, text=True, timeout=900, cwd=model.parent)
     if not expect_ok:
         return proc
@@ -67,10 +69,22 @@ def transformers_tokens(model, tok, prompts=PROMPTS, steps: int = 16):
 def test_vllm_generates_as_transformers_gguf_path(model, request, converted, vllm_python,
                                                   transformers_reference):
     src = request.getfixturevalue(model)
-    result = run_vllm(vllm_python, converted[src.name], eager=model == "gemma")
+    result = run_vllm(vllm_python, converted[src.name], eager=model == "gemma", held_bytes=True)
     prompt_ids, tokens = transformers_tokens(*transformers_reference(src))
     assert result["prompt_token_ids"] == prompt_ids  # vLLM tokenized with the directory's tokenizer
     assert result["token_ids"] == tokens
+    # every weight held once: merged QKV and gate/up placed into one plane set, not copied
+    # (the plugin held SmolLM2's at 1.45x and Gemma's at 1.16x); vLLM's rotary caches and KV
+    # cache are its own, apart
+    (held,) = result["held_bytes"]
+    file_bytes = tensor_bytes(converted[src.name])
+    assert 0.99 * file_bytes <= held["planes"] + held["weights"] <= 1.02 * file_bytes, held
+
+
+def tensor_bytes(out: Path, quantized_only: bool = False) -> int:
+    """The GGUF tensor bytes of an output directory (its manifest's records)."""
+    records = json.loads((out / "manifest.json").read_text())["tensors"]
+    return sum(t["source"]["nbytes"] for t in records if not quantized_only or t["layout"] == "rp1")
 
 
 def test_tensor_parallel_equals_one_rank_and_transformers(smollm2, tmp_path, vllm_python):
@@ -78,7 +92,12 @@ def test_tensor_parallel_equals_one_rank_and_transformers(smollm2, tmp_path, vll
     out = tmp_path / "tp"
     convert(src, out)
     one = run_vllm(vllm_python, out, tp=1)
-    two = run_vllm(vllm_python, out, tp=2)
+    two = run_vllm(vllm_python, out, tp=2, held_bytes=True)
+    # each rank holds its half of every quantized weight (q, k, v in three types here: three
+    # plane sets, each once) and no more
+    quantized = tensor_bytes(out, quantized_only=True)
+    for rank in two["held_bytes"]:
+        assert 0.49 * quantized <= rank["planes"] <= 0.51 * quantized, rank
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
                                                  dtype=torch.float32).eval()
     _, tokens = transformers_tokens(model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name))

@@ -1,7 +1,13 @@
 """Greedy generation with vLLM (CPU) on a model directory, run by tests/test_vllm.py with the
 vLLM environment's Python: prints one line `RESULT {"prompt_token_ids": [...], "token_ids": [...]}`.
 
-    python tests/vllm_run.py MODEL_DIR [--tp 1] [--dtype float32] [--max-tokens 16] [--eager] PROMPT...
+    python tests/vllm_run.py MODEL_DIR [--tp 1] [--dtype float32] [--max-tokens 16] [--eager]
+        [--held-bytes] PROMPT...
+
+With --held-bytes the result also has, per worker, what the loaded model holds: the bytes of
+its parameters and buffers, each storage counted once, by kind ("planes": rp1 planes,
+"weights": other parameters, "buffers": rotary caches and the like), and the largest buffers
+by name.
 """
 
 import argparse
@@ -17,8 +23,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--eager", action="store_true", help="skip torch.compile (faster start-up)")
+    ap.add_argument("--held-bytes", action="store_true", help="report what the model holds")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.held_bytes:  # apply_model sends a function to the workers
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if args.tp > 1:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
     from vllm import LLM, SamplingParams
@@ -26,8 +35,13 @@ def main() -> None:
     llm = LLM(model=args.model, tensor_parallel_size=args.tp, dtype=args.dtype, max_model_len=256,
               seed=0, enforce_eager=args.eager)
     outputs = llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
-    print("RESULT " + json.dumps({"prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
-                      "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}), flush=True)
+    result = {"prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
+              "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
+    if args.held_bytes:
+        from gguf_repack.integrations.vllm.memory import held_bytes
+
+        result["held_bytes"] = llm.apply_model(held_bytes)
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":  # vLLM starts worker processes that import this module again

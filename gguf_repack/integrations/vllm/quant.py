@@ -168,10 +168,12 @@ def _shard_index(shard_id) -> int:
 
 
 class _PlanesMethod(QuantizeMethodBase):
-    """Holds a layer's weight as one QTensor per shard (q, k, v of a merged QKV; gate, up),
-    each in its own GGUF type: parameters `rp1_<shard>_<field>`, [K/block, rows, count] on this
-    rank. vLLM loads `rp1_<field>` by name with a shard id; those small parameters only carry
-    the weight loader that puts the planes into their shard."""
+    """Holds a layer's weight as rp1 planes, each shard's rows (q, k, v of a merged QKV; gate,
+    up) copied straight into place: consecutive shards of one GGUF type share one plane set
+    (`rp1_<group>_<field>`, [K/block, their rows, count] on this rank), so a merged layer of
+    one type is one QTensor, held once, and one product. vLLM loads `rp1_<field>` by name with
+    a shard id; those empty parameters only carry the weight loader that puts the planes in
+    place."""
 
     def __init__(self, qtypes: list[GGMLType]):
         self.qtypes = qtypes
@@ -183,13 +185,21 @@ class _PlanesMethod(QuantizeMethodBase):
         rows = list(output_partition_sizes)
         if len(rows) != len(self.qtypes):  # an embedding: one shard of all its rows
             rows = [sum(rows)]
-        layer.rp1_shards = []
-        for i, (qtype, n) in enumerate(zip(self.qtypes, rows)):
+        # runs of consecutive shards of one type: [(type, rows)], and each shard's (run, offset)
+        layer.rp1_shards, layer.rp1_place = [], []
+        for qtype, n in zip(self.qtypes, rows):
             if input_size_per_partition % qtype.block_size:
                 raise ValueError(f"gguf_repack: {input_size_per_partition} input features per rank "
                                  f"is not a whole number of {qtype.name} blocks "
                                  f"({qtype.block_size}); use another tensor_parallel_size")
-            layer.rp1_shards.append((qtype, n))
+            if layer.rp1_shards and layer.rp1_shards[-1][0].name == qtype.name:
+                run_type, run_rows = layer.rp1_shards[-1]
+                layer.rp1_place.append((len(layer.rp1_shards) - 1, run_rows, n))
+                layer.rp1_shards[-1] = (run_type, run_rows + n)
+            else:
+                layer.rp1_place.append((len(layer.rp1_shards), 0, n))
+                layer.rp1_shards.append((qtype, n))
+        for i, (qtype, n) in enumerate(layer.rp1_shards):
             for field in qtype.fields:
                 plane = torch.zeros(input_size_per_partition // qtype.block_size, n, field.count,
                                     dtype=plane_torch_dtype(field))
@@ -206,8 +216,8 @@ class _PlanesMethod(QuantizeMethodBase):
             # load through AutoWeightsLoader pass the shard id on the tensor instead.
             if shard_id is None:
                 shard_id = getattr(plane, "shard_id", None)
-            index = _shard_index(shard_id)
-            target = getattr(layer, f"{PLANE}{index}_{field}")
+            run, offset, rows = layer.rp1_place[_shard_index(shard_id)]
+            target = getattr(layer, f"{PLANE}{run}_{field}").data.narrow(1, offset, rows)
             if plane.shape[0] != target.shape[0]:  # row parallel: this rank's blocks
                 plane = plane.narrow(0, layer.tp_rank * target.shape[0], target.shape[0])
             self._copy_rows(layer, target, plane, shard_id)
@@ -217,14 +227,10 @@ class _PlanesMethod(QuantizeMethodBase):
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer) -> None:
-        weights = [QTensor(qtype, (n, layer.rp1_k),
-                           {f.name: getattr(layer, f"{PLANE}{i}_{f.name}") for f in qtype.fields})
-                   for i, (qtype, n) in enumerate(layer.rp1_shards)]
-        if len(weights) > 1 and len({w.qtype.name for w in weights}) == 1:
-            # one type: one QTensor, one product
-            planes = {f: torch.cat([w.planes[f] for w in weights], dim=1) for f in weights[0].planes}
-            weights = [QTensor(weights[0].qtype, (sum(w.shape[0] for w in weights), layer.rp1_k), planes)]
-        layer.rp1_weights = weights
+        layer.rp1_weights = [
+            QTensor(qtype, (n, layer.rp1_k), {f.name: getattr(layer, f"{PLANE}{i}_{f.name}")
+                                              for f in qtype.fields})
+            for i, (qtype, n) in enumerate(layer.rp1_shards)]
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         parts = [rp1_matmul(x, *_call(w)) for w in layer.rp1_weights]
@@ -243,7 +249,7 @@ class RepackLinearMethod(_PlanesMethod, LinearMethodBase):
             start = layer.tp_rank // layer.num_kv_head_replicas * rows
         else:
             start = layer.tp_rank * rows
-        target.data.copy_(plane.narrow(1, start, rows))
+        target.copy_(plane.narrow(1, start, rows))
 
 
 class RepackEmbeddingMethod(_PlanesMethod):
@@ -253,8 +259,8 @@ class RepackEmbeddingMethod(_PlanesMethod):
         indices = layer.shard_indices
         start = indices.org_vocab_start_index
         rows = indices.org_vocab_end_index - start
-        target.data[:, :rows].copy_(plane.narrow(1, start, rows))
-        target.data[:, rows:].zero_()  # vocabulary padding: rows of zero weights
+        target[:, :rows].copy_(plane.narrow(1, start, rows))
+        target[:, rows:].zero_()  # vocabulary padding: rows of zero weights
 
     def embedding(self, layer, ids: torch.Tensor) -> torch.Tensor:
         (weight,) = layer.rp1_weights
@@ -263,6 +269,7 @@ class RepackEmbeddingMethod(_PlanesMethod):
     def tie_weights(self, layer, embed_tokens):
         """The output projection shares the embedding's planes."""
         layer.rp1_shards, layer.rp1_k = embed_tokens.rp1_shards, embed_tokens.rp1_k
+        layer.rp1_place = embed_tokens.rp1_place
         for name, param in embed_tokens.named_parameters(recurse=False):
             if name.startswith(PLANE):
                 layer.register_parameter(name, param)
