@@ -2,7 +2,8 @@
 plugin, against transformers' GGUF path on the source files.
 
 vLLM pins an older transformers than the one the rest of the project uses, so it lives in its
-own environment: `.ci/run` makes it at .venv-vllm (`pip install -e ".[vllm]"`); set
+own environment: `.ci/run` makes it at .venv-vllm (vLLM's CPU build, then the project with no
+extra, as a GPU user installs `vllm gguf-repack`); set
 GGUF_REPACK_VLLM_PYTHON to use another. The directories are converted here, in this one.
 """
 
@@ -131,3 +132,14 @@ print(get_quantization_config("gguf_repack").__name__, type(get_model_loader(Loa
     proc = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["GgufRepackVllmConfig", "RepackAwareModelLoader"]
+
+
+def test_the_vllm_environment_is_vllm_and_the_project_alone(vllm_python):
+    """CI installs vLLM's CPU build and then the project with no extra, as a GPU user installs
+    `vllm gguf-repack`; every test in this module loads models there. accelerate (which the
+    transformers integration uses and vLLM does not install) must not be in it, or a
+    dependency on it could come back unnoticed (it did: the plugin once failed to start
+    without it)."""
+    proc = subprocess.run([vllm_python, "-c", "import accelerate"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "No module named 'accelerate'" in proc.stderr
