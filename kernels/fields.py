@@ -211,67 +211,55 @@ def dot4(a, b, c, A_SIGNED: tl.constexpr = False):
                                          [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
 
 
-def lookup16_ptx(values) -> str:
-    """PTX for `lookup16`: 4 codes (0..15, one a byte of $4) -> values[code] as 4 float32
-    ($0..$3), for a table of 16 small integers (IQ4's kvalues, E2M1's doubled values). The
-    table lives in the instruction stream as 4 words of its bytes, each XOR 0x80 (value + 128
-    as an unsigned byte): two PRMTs look 4 codes up in its halves, a LOP3 picks by bit 3,
-    then one PRMT per code puts its byte under a float32's exponent, 0x4B0000XX = 2**23 + XX,
-    and one FADD takes 2**23 + 128 off, exactly (the way llama.cpp's get_int_from_table_16
-    looks up, without its int8 dot). 17 instructions for 4 weights, where a gather costs a
-    shared-memory store, a barrier and a load per weight."""
+def lookup16_ptx(values, f16: bool = False) -> str:
+    """PTX for `lookup16` (float32, or float16 with f16): 4 codes (0..15, one a byte of the
+    input register) -> values[code], for a table of 16 small integers (IQ4's kvalues, E2M1's
+    doubled values). The table lives in the instruction stream as 4 words of its bytes, each
+    XOR 0x80 (value + 128 as an unsigned byte): two PRMTs look 4 codes up in its halves, a LOP3
+    picks by bit 3 (the way llama.cpp's get_int_from_table_16 looks up, without its int8
+    dot). Then, as float32 ($0..$3, input $4): one PRMT per code puts its byte under a
+    float32's exponent, 0x4B0000XX = 2**23 + XX, and one FADD takes 2**23 + 128 off, exactly:
+    17 instructions for 4 weights, where a gather costs a shared-memory store, a barrier and a
+    load per weight. As float16 ($0, $1, two each, input $2): one PRMT puts a pair of bytes
+    under float16's exponent of 1024 (0x64XX 0x64YY) and one HSUB2 takes 1152 off both."""
     table = [(int(v) + 128) & 0xFF for v in values]
     assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
     words = [sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4)]
-    convert = "".join(f"prmt.b32 t, r, c, 0x765{k}; sub.f32 ${k}, t, 0f4B000080; " for k in range(4))
-    return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, c; "
+    codes = "$2" if f16 else "$4"
+    if f16:
+        consts = "mov.b32 c, 0x00000064; mov.b32 k, 0x64806480; "
+        convert = ("prmt.b32 t, r, c, 0x4140; sub.f16x2 $0, t, k; "
+                   "prmt.b32 t, r, c, 0x4342; sub.f16x2 $1, t, k; ")
+    else:
+        consts = "mov.b32 c, 0x4B000000; "
+        convert = "".join(f"prmt.b32 t, r, c, 0x765{k}; sub.f32 ${k}, t, 0f4B000080; " for k in range(4))
+    return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, c, k; "
             f"mov.b32 a0, {words[0]:#010x}; mov.b32 a1, {words[1]:#010x}; "
-            f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; mov.b32 c, 0x4B000000; "
+            f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; " + consts +
             # selector nibbles: the low 3 bits of the 4 codes
-            "and.b32 s, $4, 0x07070707; shr.u32 t, s, 4; or.b32 s, s, t; prmt.b32 s, s, s, 0x0020; "
-            "prmt.b32 lo, a0, a1, s; prmt.b32 hi, a2, a3, s; "
+            f"and.b32 s, {codes}, 0x07070707; shr.u32 t, s, 4; or.b32 s, s, t; "
+            "prmt.b32 s, s, s, 0x0020; prmt.b32 lo, a0, a1, s; prmt.b32 hi, a2, a3, s; "
             # bit 3 of each code, replicated over its byte: which half
-            "shl.b32 m, $4, 4; prmt.b32 m, m, m, 0xBA98; lop3.b32 r, hi, lo, m, 0xE4; "
+            f"shl.b32 m, {codes}, 4; prmt.b32 m, m, m, 0xBA98; lop3.b32 r, hi, lo, m, 0xE4; "
             + convert + "}")
 
 
-def lookup16_f16_ptx(values) -> str:
-    """PTX for `lookup16_f16`: as lookup16_ptx, but each pair of looked-up bytes goes under
-    float16's exponent of 1024 (one PRMT makes 0x64XX 0x64YY, 1024 + 128 + value each) and one
-    HSUB2 takes 1152 off both, exactly: 4 codes -> 2 registers of 2 float16 ($0, $1)."""
-    table = [(int(v) + 128) & 0xFF for v in values]
-    assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
-    words = [sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4)]
-    return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, c, k; "
-            f"mov.b32 a0, {words[0]:#010x}; mov.b32 a1, {words[1]:#010x}; "
-            f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; "
-            "mov.b32 c, 0x00000064; mov.b32 k, 0x64806480; "
-            "and.b32 s, $2, 0x07070707; shr.u32 t, s, 4; or.b32 s, s, t; prmt.b32 s, s, s, 0x0020; "
-            "prmt.b32 lo, a0, a1, s; prmt.b32 hi, a2, a3, s; "
-            "shl.b32 m, $2, 4; prmt.b32 m, m, m, 0xBA98; lop3.b32 r, hi, lo, m, 0xE4; "
-            "prmt.b32 t, r, c, 0x4140; sub.f16x2 $0, t, k; "
-            "prmt.b32 t, r, c, 0x4342; sub.f16x2 $1, t, k; }")
-
-
 @triton.jit
-def lookup16_f16(codes, TABLE, PTX: tl.constexpr):
-    """As lookup16, as float16 (exact: the values are small integers); `PTX` is
-    lookup16_f16_ptx(VALUES)."""
+def lookup16(codes, TABLE, PTX: tl.constexpr, F16: tl.constexpr = False):
+    """VALUES[code] for uint8 codes 0..15 (any shape whose last dimension is a multiple of
+    4), as float32, or float16 with F16 (exact either way: the values are small integers):
+    `PTX` is lookup16_ptx(VALUES, F16), and TABLE holds VALUES as int32 from word 0, for the
+    interpreter, which cannot run PTX and reads them from there."""
     if INTERPRETED:
-        return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32)).to(tl.float16)
-    else:
+        values = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32))
+        if F16:
+            return values.to(tl.float16)
+        else:
+            return values.to(tl.float32)
+    elif F16:  # 4 codes a register in; 2 registers of 2 float16 out
         return tl.inline_asm_elementwise(PTX, "=r,=r,r", [codes], dtype=tl.float16,
                                          is_pure=True, pack=4)
-
-
-@triton.jit
-def lookup16(codes, TABLE, PTX: tl.constexpr):
-    """VALUES[code] as float32 for uint8 codes 0..15 (any shape whose last dimension is a
-    multiple of 4): `PTX` is lookup16_ptx(VALUES), and TABLE holds VALUES as int32 from word
-    0, for the interpreter, which cannot run PTX and reads them from there."""
-    if INTERPRETED:
-        return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32)).to(tl.float32)
-    else:
+    else:  # 4 float32 registers out
         return tl.inline_asm_elementwise(PTX, "=r,=r,=r,=r,r", [codes], dtype=tl.float32,
                                          is_pure=True, pack=4)
 

@@ -32,8 +32,6 @@ from .fields import (
     field_h,
     field_run,
     lookup16,
-    lookup16_f16,
-    lookup16_f16_ptx,
     lookup16_ptx,
     lookup_run_dot,
     lookup_table,
@@ -199,7 +197,7 @@ def ksign_factors(TABLE, idx):
 
 
 KVALUES_PTX = tl.constexpr(lookup16_ptx(_kvalues()))
-KVALUES_F16_PTX = tl.constexpr(lookup16_f16_ptx(_kvalues()))
+KVALUES_F16_PTX = tl.constexpr(lookup16_ptx(_kvalues(), f16=True))
 
 
 @triton.jit
@@ -244,7 +242,7 @@ def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
 
 @triton.jit
 def iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = lookup16_f16(nibbles(field(P1, j, rows, mask, N, 16, tl.uint8)), TABLE, KVALUES_F16_PTX)
+    q = lookup16(nibbles(field(P1, j, rows, mask, N, 16, tl.uint8)), TABLE, KVALUES_F16_PTX, True)
     return field_h(P0, j, rows, mask, N) * q
 
 
@@ -274,33 +272,39 @@ def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
 
 
 @triton.jit
-def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    # d times the sub-block's scale is rounded to float16, then times the value: two
-    # roundings where the float32 function has one (within the GEMM's tolerance)
-    R: tl.constexpr = rows.shape[0]
+def iq4_xs_scales(P0, P1, P2, j, rows, mask, N):
+    """d times each sub-block's 6-bit scale less 32 (low 4 bits in scales_l, high 2 in
+    scales_h), float32 [R, 8]."""
     d = field_f16(P0, j, rows, mask, N)
     hi = bitfields(field(P1, j, rows, mask, N, 1, tl.uint16), 2, 8, 0x03)
     lo = bitfields(field(P2, j, rows, mask, N, 1, tl.uint32), 4, 8, 0x0F)
-    dl = (d * ((lo | (hi << 4)) - 32).to(tl.float32)).to(tl.float16)
-    qs = tl.reshape(field(P3, j, rows, mask, N, 128, tl.uint8), (R * 8, 16))
-    q = tl.reshape(lookup16_f16(nibbles(qs), TABLE, KVALUES_F16_PTX), (R, 256))
-    return per_group(dl, q)
+    return d * ((lo | (hi << 4)) - 32).to(tl.float32)
+
+
+@triton.jit
+def iq4_xs_codes(P3, j, rows, mask, N):
+    """The 256 codes, [R * 8, 32]: 8 runs of 16 bytes, each byte's low nibbles then its high
+    ones, 32 weights a run."""
+    R: tl.constexpr = rows.shape[0]
+    return nibbles(tl.reshape(field(P3, j, rows, mask, N, 128, tl.uint8), (R * 8, 16)))
+
+
+@triton.jit
+def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    # d times the sub-block's scale is rounded to float16, then times the value: two
+    # roundings where the float32 function has one (within the GEMM's tolerance)
+    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)
+    q = lookup16(iq4_xs_codes(P3, j, rows, mask, N), TABLE, KVALUES_F16_PTX, True)
+    return per_group(dl, tl.reshape(q, (rows.shape[0], 256)))
 
 
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
           dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16)
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    R: tl.constexpr = rows.shape[0]
-    d = field_f16(P0, j, rows, mask, N)
-    # 6-bit sub-block scales offset by 32: low 4 bits in scales_l, high 2 in scales_h
-    hi = bitfields(field(P1, j, rows, mask, N, 1, tl.uint16), 2, 8, 0x03)
-    lo = bitfields(field(P2, j, rows, mask, N, 1, tl.uint32), 4, 8, 0x0F)
-    dl = d * ((lo | (hi << 4)) - 32).to(tl.float32)
-    # 8 runs of 16 bytes, each byte's low nibbles then its high ones: 32 weights a run
-    qs = tl.reshape(field(P3, j, rows, mask, N, 128, tl.uint8), (R * 8, 16))
-    q = tl.reshape(kvalue(TABLE, nibbles(qs)), (R, 256))
-    return per_group(dl, q)
+    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N)
+    q = kvalue(TABLE, iq4_xs_codes(P3, j, rows, mask, N))
+    return per_group(dl, tl.reshape(q, (rows.shape[0], 256)))
 
 
 # -- the lattice types' GEMV: bfloat16 grid rows, signs XORed into them ------------------

@@ -20,8 +20,6 @@ from .fields import (
     field_f16,
     field_run,
     lookup16,
-    lookup16_f16,
-    lookup16_f16_ptx,
     lookup16_ptx,
     lookup_run_dot,
     lookup_table,
@@ -171,7 +169,7 @@ def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 E2M1_DOUBLED = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 E2M1_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED))
-E2M1_F16_PTX = tl.constexpr(lookup16_f16_ptx(E2M1_DOUBLED))
+E2M1_F16_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED, f16=True))
 
 
 @triton.jit
@@ -266,23 +264,26 @@ def nvfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 
 
 @triton.jit
+def nvfp4_codes(P1, j, rows, mask, N):
+    """Four sub-blocks of 16 weights, each 8 bytes of nibbles (low ones first): [R, 4, 16]."""
+    qs = tl.reshape(field_bytes(P1, j, rows, mask, N, 32), (rows.shape[0], 4, 8))
+    both = tl.permute(tl.join(qs & 0x0F, qs >> 4), (0, 1, 3, 2))  # [R, 4, 2, 8]
+    return tl.reshape(both, (rows.shape[0], 4, 16))
+
+
+@triton.jit
 def nvfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # the halved UE4M3 scales lie in 2**-10 .. 224 and the values are small integers: both
     # float16 exactly, so their product rounds once, as the float32 one converted does
     scale = ue4m3_half(field_bytes(P0, j, rows, mask, N, 4)).to(tl.float16)[:, :, None]
-    qs = tl.reshape(field_bytes(P1, j, rows, mask, N, 32), (rows.shape[0], 4, 8))
-    both = tl.permute(tl.join(qs & 0x0F, qs >> 4), (0, 1, 3, 2))  # [R, 4, 2, 8]
-    codes = tl.reshape(both, (rows.shape[0], 4, 16))
-    return tl.reshape(lookup16_f16(codes, TABLE, E2M1_F16_PTX) * scale, (rows.shape[0], 64))
+    q = lookup16(nvfp4_codes(P1, j, rows, mask, N), TABLE, E2M1_F16_PTX, True)
+    return tl.reshape(q * scale, (rows.shape[0], 64))
 
 
 @register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16)
 @triton.jit
 def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    # Four sub-blocks of 16 weights, each 8 bytes of nibbles (low ones first) and its own
-    # scale byte.
+    # each sub-block of 16 weights has its own scale byte
     scale = ue4m3_half(field_bytes(P0, j, rows, mask, N, 4))[:, :, None]  # [R, 4, 1]
-    qs = tl.reshape(field_bytes(P1, j, rows, mask, N, 32), (rows.shape[0], 4, 8))
-    both = tl.permute(tl.join(qs & 0x0F, qs >> 4), (0, 1, 3, 2))  # [R, 4, 2, 8]
-    codes = tl.reshape(both, (rows.shape[0], 4, 16))
+    codes = nvfp4_codes(P1, j, rows, mask, N)
     return tl.reshape(e2m1_doubled(codes, TABLE) * scale, (rows.shape[0], 64))

@@ -264,11 +264,11 @@ def test_real_model_tensors_through_the_triton_backend(model_name, converted):
 
 @pytest.mark.parametrize("table", ["IQ4_NL kvalues", "E2M1 doubled"])
 def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
-    """fields.lookup16's and lookup16_f16's inline PTX (what a GPU runs; the interpreter reads
+    """fields.lookup16's inline PTX, float32 and float16 (what a GPU runs; the interpreter reads
     the table from memory instead), run by tests/ptx_emulator.py for all 16**4 words of 4
     codes: each output is the table's value as float32 (or float16), bit for bit (+0.0 for
     E2M1's code 8, as gguf-py's table)."""
-    from gguf_repack_kernels.fields import lookup16_f16_ptx, lookup16_ptx
+    from gguf_repack_kernels.fields import lookup16_ptx
     from ptx_emulator import run
 
     values = (list(gguf.quants.IQ4_NL.kvalues) if table.startswith("IQ4")
@@ -282,7 +282,7 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
         got = regs[f"${k}"]
         assert np.array_equal(got, expected[c[k]].view(np.uint32)), (table, k)
     # the float16 variant: codes 0, 1 in $0 and 2, 3 in $1, the first of each in the low half
-    regs = run(lookup16_f16_ptx(values), {"$2": word})
+    regs = run(lookup16_ptx(values, f16=True), {"$2": word})
     halves = np.array(values, np.float16).view(np.uint16).astype(np.uint32)
     for k in range(2):
         assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), (table, k)

@@ -120,9 +120,12 @@ class TensorMapping:
         self.processor = tensor_processor(arch, model.config.to_dict())
         hf_names = gguf_to_hf_names(model, arch, self.processor)
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
-        self.skipped = {name: skip_reason(name) for name in repacked
-                        if name not in hf_names and skip_reason(name)}
-        unmapped = [name for name in repacked if name not in hf_names and name not in self.skipped]
+        self.skipped, unmapped = {}, []
+        for name in (n for n in repacked if n not in hf_names):
+            if reason := skip_reason(name):
+                self.skipped[name] = reason
+            else:
+                unmapped.append(name)
         if unmapped:
             raise RepackError(
                 f"{len(unmapped)} GGUF tensors of this {arch!r} model have no parameter in "
