@@ -22,10 +22,12 @@ SHAPES = {
     "mistral": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, tied=False),
     # for tensor parallelism: 8 heads, 4 KV heads; K-quants beside legacy types
     "llama": dict(hidden=512, heads=8, kv_heads=4, head_dim=64, ffn=1024, tied=False),
+    # q, k and v in one tensor (attn_qkv), gate and up in one (ffn_up), as llama.cpp writes phi3
+    "phi3": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, tied=False),
 }
 # a different llama.cpp quant type per projection, all of them ones gguf-py can quantize
 PROJECTION_TYPES = {"attn_q": T.Q4_0, "attn_k": T.Q5_1, "attn_v": T.Q8_0, "attn_output": T.Q4_1,
-                    "ffn_gate": T.Q5_0, "ffn_up": T.Q4_0, "ffn_down": T.Q8_0}
+                    "ffn_gate": T.Q5_0, "ffn_up": T.Q4_0, "ffn_down": T.Q8_0, "attn_qkv": T.Q5_0}
 # gguf-py cannot quantize to K-quants: these are random valid blocks with small scales
 K_QUANT_TYPES = {"attn_q": T.Q4_K, "attn_output": T.Q5_K, "ffn_down": T.Q6_K}
 N_LAYERS = 2
@@ -74,7 +76,7 @@ def k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
 def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
                 general_name: str | None = None, context_length: int = 512,
                 extra: dict[str, np.ndarray] | None = None) -> Path:
-    """A 2-layer `name` model ("qwen2", "qwen3" or "mistral") at `path`, and the float tensors
+    """A 2-layer `name` model (a key of SHAPES) at `path`, and the float tensors
     `extra`. llama.cpp writes Mistral as the llama architecture; transformers reads it as
     mistral only when `general.name` is exactly "mistral" (the default here), and as llama
     otherwise."""
@@ -108,10 +110,15 @@ def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Ge
     rows = {"attn_q": s["heads"] * hd, "attn_k": s["kv_heads"] * hd, "attn_v": s["kv_heads"] * hd,
             "attn_output": h, "ffn_gate": s["ffn"], "ffn_up": s["ffn"], "ffn_down": h}
     cols = {"attn_output": s["heads"] * hd, "ffn_down": s["ffn"]}
+    if name == "phi3":
+        rows = {"attn_qkv": (s["heads"] + 2 * s["kv_heads"]) * hd, "attn_output": h,
+                "ffn_up": 2 * s["ffn"], "ffn_down": h}
     for i in range(N_LAYERS):
         plain(f"blk.{i}.attn_norm.weight", h)
         plain(f"blk.{i}.ffn_norm.weight", h)
         for proj, qtype in PROJECTION_TYPES.items():
+            if proj not in rows:
+                continue
             if name == "llama" and proj in K_QUANT_TYPES:
                 kq = K_QUANT_TYPES[proj]
                 w.add_tensor(f"blk.{i}.{proj}.weight", k_quant_bytes(kq, rows[proj], cols.get(proj, h), rng),

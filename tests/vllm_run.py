@@ -1,7 +1,7 @@
 """Greedy generation with vLLM (CPU) on a model directory, run by tests/test_vllm.py with the
 vLLM environment's Python: prints one line `RESULT {"prompt_token_ids": [...], "token_ids": [...]}`.
 
-    python tests/vllm_run.py MODEL_DIR [--tp 1] [--dtype float32] [--max-tokens 16] [--eager]
+    python tests/vllm_run.py MODEL_DIR [--tp 1] [--pp 1] [--dtype float32] [--max-tokens 16] [--eager]
         [--held-bytes] PROMPT...
 
 With --held-bytes the result also has, per worker, what the loaded model holds: the bytes of
@@ -20,6 +20,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("prompts", nargs="+")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--eager", action="store_true", help="skip torch.compile (faster start-up)")
@@ -28,11 +29,14 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.held_bytes:  # apply_model sends a function to the workers
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    if args.tp > 1:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
+    ranks = args.tp * args.pp
+    if ranks > 1:  # one core per rank, round robin over this machine's cores
+        cores = os.cpu_count() or 1
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(ranks)))
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=args.model, tensor_parallel_size=args.tp, dtype=args.dtype, max_model_len=256,
+    llm = LLM(model=args.model, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
+              dtype=args.dtype, max_model_len=256,
               seed=0, enforce_eager=args.eager)
     outputs = llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
     result = {"prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],

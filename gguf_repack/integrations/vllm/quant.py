@@ -167,6 +167,17 @@ def _shard_index(shard_id) -> int:
     return {"q": 0, "k": 1, "v": 2}.get(shard_id, 0 if shard_id is None else shard_id)
 
 
+def _fused_shards(layer) -> list[tuple[str | int, int, int]]:
+    """(shard id, first row, rows) of each shard in a fused tensor of the whole layer (all
+    ranks' rows), as vLLM's own weight loaders split one."""
+    if isinstance(layer, QKVParallelLinear):
+        q = layer.total_num_heads * layer.head_size
+        k = layer.total_num_kv_heads * layer.head_size
+        return [("q", 0, q), ("k", q, k), ("v", q + k, layer.total_num_kv_heads * layer.v_head_size)]
+    starts = [sum(layer.output_sizes[:i]) for i in range(len(layer.output_sizes))]
+    return list(zip(range(len(starts)), starts, layer.output_sizes))
+
+
 class _PlanesMethod(QuantizeMethodBase):
     """Holds a layer's weight as rp1 planes, each shard's rows (q, k, v of a merged QKV; gate,
     up) copied straight into place: consecutive shards of one GGUF type share one plane set
@@ -183,11 +194,15 @@ class _PlanesMethod(QuantizeMethodBase):
         extra_weight_attrs.pop("weight_loader", None)
         layer.compute_dtype = params_dtype
         rows = list(output_partition_sizes)
-        if len(rows) != len(self.qtypes):  # an embedding: one shard of all its rows
-            rows = [sum(rows)]
+        # a merged layer whose tensor the file holds fused (phi3's attn_qkv, its gate+up
+        # ffn_up): one GGUF type for every shard, the fused rows split by the loader
+        qtypes = self.qtypes * len(rows) if len(self.qtypes) == 1 else self.qtypes
+        if len(qtypes) != len(rows):
+            raise ValueError(f"gguf_repack: a layer of {len(rows)} shards has {len(qtypes)} GGUF "
+                             f"tensors behind it")
         # runs of consecutive shards of one type: [(type, rows)], and each shard's (run, offset)
         layer.rp1_shards, layer.rp1_place = [], []
-        for qtype, n in zip(self.qtypes, rows):
+        for qtype, n in zip(qtypes, rows):
             if input_size_per_partition % qtype.block_size:
                 raise ValueError(f"gguf_repack: {input_size_per_partition} input features per rank "
                                  f"is not a whole number of {qtype.name} blocks "
@@ -216,6 +231,10 @@ class _PlanesMethod(QuantizeMethodBase):
             # load through AutoWeightsLoader pass the shard id on the tensor instead.
             if shard_id is None:
                 shard_id = getattr(plane, "shard_id", None)
+            if shard_id is None and len(layer.rp1_place) > 1:  # a fused tensor: split by rows
+                for part, start, rows in _fused_shards(layer):
+                    load(carrier, plane.narrow(1, start, rows), part)
+                return
             run, offset, rows = layer.rp1_place[_shard_index(shard_id)]
             target = getattr(layer, f"{PLANE}{run}_{field}").data.narrow(1, offset, rows)
             if plane.shape[0] != target.shape[0]:  # row parallel: this rank's blocks
