@@ -34,12 +34,17 @@ from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
 from .gemv import gemv_dot_kernel
+from .moe import moe_gemm_kernel, moe_gemv_kernel
 from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
 # gemv: the GEMV at M = 1 (decode), gemv_m8 at M = 8, both the type's dot function; gemm:
-# the fused GEMM's tile for M >= 64, gemm_m16 its tile at M = 16
-FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "embedding")
+# the fused GEMM's tile for M >= 64, gemm_m16 its tile at M = 16; moe_gemv: the expert
+# products at decode (a GEMV a routed token), moe_m16 the expert GEMM's smallest tile
+FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "moe_gemv", "moe_m16", "embedding")
+# what inspect_kernels.py compiles unless told: the expert families are the dense ones with an
+# expert's offset (tests/test_kernels_ptx.py compiles moe_gemv apart, for a few types)
+DEFAULT_FAMILIES = tuple(f for f in FAMILIES if not f.startswith("moe_"))
 
 H200_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)
 ISSUE_PER_SM_CYCLE = 4
@@ -66,6 +71,15 @@ def _spec(family: str, fmt, act: str):
                                          "DQ": fmt.dequant}, cfg, cfg["BI"]
     common = {**planes, "X": f"*{act}", "OUT": "*fp32", "M": "i32", "N": "i32", "B": "i32",
               "stride_xm": "i32", "stride_om": "i32"}
+    if family == "moe_gemv":  # one routed token a program, as the GEMV at M = 1
+        cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, SMS)
+        sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"),
+               "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "PAIR_EXPERT": "*i32",
+               "PAIR_X": "*i32", "OUT": "*fp32", "N": "i32", "B": "i32", "stride_om": "i32"}
+        return moe_gemv_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
+                                      "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
+                                      "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
+            cfg["BN"] / cfg["PARTS"]
     if family in ("gemv", "gemv_m8"):
         # a program per row of x: at M = 8 each weight byte is unpacked by 8 programs
         m = 1 if family == "gemv" else 8
@@ -85,6 +99,14 @@ def _spec(family: str, fmt, act: str):
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             "DQ": fmt.dequant_f16 if act == "fp16" and fmt.dequant_f16 else fmt.dequant,
             "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
+    if family == "moe_m16":
+        cfg = configs.moe_config(fmt.name, block_size, 1)
+        sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
+               "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "OUT": f"*{act}",
+               "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
+        return moe_gemm_kernel, sig, {
+            "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
+            "DQ": fmt.dequant_f16 if act == "fp16" and fmt.dequant_f16 else fmt.dequant}, cfg, cfg["BN"]
     raise ValueError(family)
 
 

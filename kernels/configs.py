@@ -83,3 +83,21 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int) -> 
     while tiles * split_k * m < 2 * sms and split_k * 2 <= n_blocks * parts:
         split_k *= 2
     return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps}
+
+
+# The expert products (moe.py) run as GEMVs, a program per (token, slot) pair, while experts
+# get at most this many rows on average: as the dense GEMV up to GEMV_MAX_M rows, each row
+# re-reads its expert's weights (from L2 when they repeat), where a tile would dequantize
+# them once for up to 16 rows at 0.29-1.0 of the bandwidth (its issue bound at sm_90,
+# BENCHMARKS.md); decode (a few tokens, k experts each) is this path.
+MOE_GEMV_MAX_ROWS = GEMV_MAX_M
+
+
+def moe_config(type_name: str, block_size: int, rows_per_expert: float) -> dict:
+    """The expert GEMM's tile (moe.py), by the routed rows an expert gets on average: at
+    decode (a few) the fused GEMM's M <= 16 tile, whose padding rows cost issue but no weight
+    bytes; for prefill's long runs the BM = 32 / 64 tiles. No split K: the experts' tiles are
+    the parallelism. Not measured on a GPU yet."""
+    bm = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
+    bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
+    return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}

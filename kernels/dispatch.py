@@ -14,6 +14,7 @@ from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
 from .gemv import gemv_dot_kernel, prepare_x_kernel, prepare_x_q8_kernel
+from .moe import moe_gemm_kernel, moe_gemv_kernel
 from .registry import FORMATS, MAX_PLANES, Format
 
 # Each module registers its types on import.
@@ -134,20 +135,9 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
         return (x2 @ w.T).reshape(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
     if path == "gemv":
-        cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(x.device))
+        cfg = _gemv_config(type_name, m, n, b, x.device)
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
-        if x.device.type != "cuda":
-            # the interpreter runs a program's rows as one array: tiles sized for a GPU's
-            # threads (up to 2048 rows) would mostly compute masked rows
-            cfg["BN"] = min(cfg["BN"], max(32, triton.next_power_of_2(n)))
-        xs = torch.empty(m, k // 16, device=x.device, dtype=torch.float32)
-        if fmt.x_int8:
-            xf = torch.empty(m, b * fmt.x_stride, device=x.device, dtype=torch.int8)
-            prepare_x_q8_kernel[(m, triton.cdiv(k, 1024))](
-                x2, xf, xs, k, x2.stride(0), BLOCK=fmt.block_size, XSTRIDE=fmt.x_stride, BK=1024)
-        else:
-            xf = torch.empty(m, k, device=x.device, dtype=torch.float32)
-            prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), BK=1024)
+        xf, xs = _prepared_x(x2, fmt)
         out = _gemv_output(m, n, cfg["SPLIT_K"], x)
         grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
         gemv_dot_kernel[grid](*args, xf, xs, out, n, b, out.stride(0),
@@ -167,3 +157,98 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
                           SPLIT_K=cfg["SPLIT_K"],
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def _sorted_by_expert(expert_ids: torch.Tensor, n_experts: int, bm: int, x_per_slot: bool):
+    """The routed (token, slot) pairs sorted by expert, each expert's run padded to bm rows:
+    each padded slot's row of x and of the output (-1 for padding), each bm-row tile's expert.
+    Pairs with expert -1 (another rank's) get no slot. Vectorized: no loop over tokens or
+    experts."""
+    flat = expert_ids.reshape(-1).long()
+    pairs = torch.arange(flat.numel(), device=flat.device)
+    keep = flat >= 0
+    experts, order = torch.sort(flat[keep], stable=True)
+    pairs = pairs[keep][order]
+    counts = torch.bincount(experts, minlength=n_experts)
+    padded = (counts + bm - 1) // bm * bm
+    first_slot = torch.cumsum(padded, 0) - padded
+    first_pair = torch.cumsum(counts, 0) - counts
+    slots = first_slot[experts] + torch.arange(experts.numel(), device=flat.device) - first_pair[experts]
+    total = int(padded.sum())
+    x_rows = torch.full((total,), -1, dtype=torch.int32, device=flat.device)
+    out_rows = torch.full((total,), -1, dtype=torch.int32, device=flat.device)
+    x_rows[slots] = (pairs if x_per_slot else pairs // expert_ids.shape[1]).to(torch.int32)
+    out_rows[slots] = pairs.to(torch.int32)
+    tile_expert = torch.repeat_interleave(torch.arange(n_experts, device=flat.device, dtype=torch.int32),
+                                          padded // bm)
+    return x_rows, out_rows, tile_expert
+
+
+def _prepared_x(x2: torch.Tensor, fmt: Format):
+    """The GEMV's x (gemv.py): float32, or for an `x_int8` type int8 and its scales, with the
+    sums of 16."""
+    m, k = x2.shape
+    b = k // fmt.block_size
+    xs = torch.empty(m, k // 16, device=x2.device, dtype=torch.float32)
+    if fmt.x_int8:
+        xf = torch.empty(m, b * fmt.x_stride, device=x2.device, dtype=torch.int8)
+        prepare_x_q8_kernel[(m, triton.cdiv(k, 1024))](
+            x2, xf, xs, k, x2.stride(0), BLOCK=fmt.block_size, XSTRIDE=fmt.x_stride, BK=1024)
+    else:
+        xf = torch.empty(m, k, device=x2.device, dtype=torch.float32)
+        prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), BK=1024)
+    return xf, xs
+
+
+def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device) -> dict:
+    cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(device))
+    if device.type != "cuda":
+        # the interpreter runs a program's rows as one array: tiles sized for a GPU's
+        # threads (up to 2048 rows) would mostly compute masked rows
+        cfg["BN"] = min(cfg["BN"], max(32, triton.next_power_of_2(n)))
+    return cfg
+
+
+def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, torch.Tensor],
+                  type_name: str, shape) -> torch.Tensor:
+    """Each routed token times its experts, for an expert stack W of torch shape (E, N, K):
+    x (T, K) (one input per token) or (T, k, K) (one per token and slot), expert_ids (T, k),
+    -1 for none. Result (T, k, N) in x's dtype: out[t, j] = x[t (, j)] @ W[expert_ids[t, j]].T,
+    zeros where the id is -1. One launch for all experts (moe.py)."""
+    fmt = _format(type_name)
+    n_experts, n, k = shape
+    b = k // fmt.block_size
+    t, top = expert_ids.shape
+    x2 = x.reshape(-1, k).contiguous()
+    out = torch.zeros(t * top, n, device=x.device, dtype=x.dtype)
+    if out.numel() == 0:
+        return out.reshape(t, top, n)
+    ids = expert_ids.to(x.device)
+    hit = int(torch.unique(ids[ids >= 0]).numel())
+    args = _plane_args(planes, fmt)
+    strides = [p.stride(0) for p in args[:MAX_PLANES]]
+    if t * top / max(hit, 1) <= configs.MOE_GEMV_MAX_ROWS:  # a few rows an expert: a GEMV a pair
+        pairs = t * top
+        cfg = _gemv_config(type_name, pairs, n, b, x.device)
+        xf, xs = _prepared_x(x2, fmt)
+        out = _gemv_output(pairs, n, cfg["SPLIT_K"], x).zero_()
+        pair_x = torch.arange(pairs, device=x.device, dtype=torch.int32)
+        if x.dim() == 2:
+            pair_x = pair_x // top
+        grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
+        moe_gemv_kernel[grid](*args, *strides, xf, xs, ids.reshape(-1).to(torch.int32).contiguous(),
+                              pair_x, out, n, b, out.stride(0), BLOCK=fmt.block_size, BN=cfg["BN"],
+                              SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
+                              XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
+        return out.to(x.dtype).reshape(t, top, n)
+    cfg = configs.moe_config(type_name, fmt.block_size, t * top / max(hit, 1))
+    x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
+    if tile_expert.numel() == 0:
+        return out.reshape(t, top, n)
+    grid = (tile_expert.numel(), triton.cdiv(n, cfg["BN"]))
+    moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
+                          x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
+                          BN=cfg["BN"], IEEE=x.dtype == torch.float32,
+                          DQ=_gemm_dequant(fmt, x.dtype), num_warps=cfg["num_warps"],
+                          num_stages=cfg["num_stages"])
+    return out.reshape(t, top, n)

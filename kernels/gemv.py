@@ -80,9 +80,18 @@ def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, stride_om,
     # XF, XS: the prepared x (prepare_x_kernel's float32 x, XSTRIDE = BLOCK elements a
     # block, or prepare_x_q8_kernel's int8 x and scales, XSTRIDE bytes a block) and the sums
     # of 16 of x, rows of B * XSTRIDE and B * BLOCK // 16
-    XF += tl.program_id(2) * B * XSTRIDE
-    XS += tl.program_id(2) * B * (BLOCK // 16)
-    OUT += tl.program_id(2) * stride_om
+    gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF + tl.program_id(2) * B * XSTRIDE,
+                 XS + tl.program_id(2) * B * (BLOCK // 16), OUT + tl.program_id(2) * stride_om,
+                 N, B, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE)
+
+
+@triton.jit
+def gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, BLOCK: tl.constexpr,
+                 BN: tl.constexpr, SPLIT_K: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr,
+                 XSTRIDE: tl.constexpr):
+    """One row of x (XF, XS at its first block) times BN rows of the weight (P0..P4 at its
+    first block column) into OUT (the output row): the GEMV's body, shared with the expert
+    GEMV (moe.py)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask = rows < N
     acc = tl.zeros((BN,), dtype=tl.float32)

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from gguf_repack_kernels import FORMATS  # noqa: E402
 from gguf_repack_kernels.aot import (  # noqa: E402
+    DEFAULT_FAMILIES,
     FAMILIES,
     SHAPE,
     SMS,
@@ -78,7 +79,7 @@ def _row(name: str, family: str, arch: int, sass: bool) -> dict:
     arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
     row = {"type": name, "family": family, "arch": arch,
            **_measure(compiled, cfg, nbytes, arg_names, sass)}
-    if sass and family in ("gemm", "gemm_m16") and arch == 90:
+    if sass and family in ("gemm", "gemm_m16", "moe_m16") and arch == 90:
         row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
                                 FORMATS[name].block_size))
     return row
@@ -110,7 +111,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(sorted(FORMATS)))
     ap.add_argument("--arch", default="80,90")
-    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+                    help=f"of {','.join(FAMILIES)}")
     ap.add_argument("--sass", action="store_true", help="add the SASS measures")
     ap.add_argument("--no-raw", action="store_true", help="leave out the raw-layout GEMV")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,

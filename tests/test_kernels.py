@@ -330,3 +330,59 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
         exact = dequantize_planes(planes, qtype)
         bound = eps * ((exact - m).abs() + exact.abs()) + 2 ** -24
         assert ((got.float() - exact).abs() <= bound).all()
+
+
+# the GEMV path runs a program per (token, slot) pair: minutes for every type in the
+# interpreter, so the fast tier takes one type of each block size and dot-function kind
+FAST_EXPERT_GEMV = {"Q4_0", "Q8_0", "MXFP4", "Q4_K"}
+
+
+@pytest.mark.parametrize("name, path", [
+    pytest.param(name, path,
+                 marks=[pytest.mark.slow] if path == "gemv" and name not in FAST_EXPERT_GEMV else [])
+    for name in KERNEL_TYPES for path in ("gemv", "tiles")])
+def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, monkeypatch):
+    """The expert products (one launch for all experts: a GEMV per pair at a few rows an
+    expert, BM-row tiles of one expert each above) against plain PyTorch on the torch
+    backend's weights: x per token (gate, up) and per slot (down), an expert no token chose,
+    -1 (another rank's expert) giving zeros; float32 and float16 x."""
+    if path == "tiles":
+        monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)
+    qtype = TYPES_BY_NAME[name]
+    experts, n, k = 4, 37, qtype.block_size
+    qtype, planes = make_planes(name, (experts, n, k), rng)
+    dense = dequantize_planes(planes, qtype).reshape(experts, n, k)
+    ids = torch.tensor([[2, 0], [3, -1], [0, 2]])  # expert 1: no token; -1: another rank's
+    t = len(ids)
+    for x in (torch.from_numpy(rng.standard_normal((t, k)).astype(np.float32)),
+              torch.from_numpy(rng.standard_normal((t, 2, k)).astype(np.float32))):
+        if path == "gemv" and kernels.FORMATS[name].x_int8:  # the GEMV's x (gemv_x)
+            x = torch.from_numpy(as_q8_0(x.numpy().reshape(-1, k))).reshape(x.shape)
+        rows = x if x.dim() == 3 else x[:, None, :].expand(t, 2, k)
+        ref = torch.einsum("tjk,tjnk->tjn", rows, dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+        got = kernels.expert_matmul(x, ids, planes, name, (experts, n, k))
+        assert got.shape == (t, 2, n) and got.dtype == torch.float32
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, name
+        assert torch.equal(got[1, 1], torch.zeros(n))
+    xh = (x[:, 0] / dense.abs().max()).half()  # float16, one x per token
+    got_h = kernels.expert_matmul(xh, ids, planes, name, (experts, n, k))
+    rows_h = gemv_x(name, xh) if path == "gemv" else xh.float()
+    ref_h = torch.einsum("tk,tjnk->tjn", rows_h, dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+    assert got_h.dtype == torch.float16
+    assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, name
+    empty = kernels.expert_matmul(torch.zeros(0, k), torch.zeros(0, 2, dtype=torch.long), planes, name,
+                                  (experts, n, k))
+    assert empty.shape == (0, 2, n)
+
+
+def test_expert_tiles_hold_one_expert_each_and_skip_unchosen_experts():
+    """The host's sort: each expert's pairs padded to whole tiles, every tile one expert's,
+    the slots pointing at x's rows and the output's; an expert no pair chose has no tile."""
+    from gguf_repack_kernels.dispatch import _sorted_by_expert
+
+    ids = torch.tensor([[2, 0], [0, 2], [2, -1]])
+    x_rows, out_rows, tile_expert = _sorted_by_expert(ids, 4, 4, x_per_slot=False)
+    assert tile_expert.tolist() == [0, 2]  # experts 1 and 3: no tile
+    assert out_rows.tolist() == [1, 2, -1, -1, 0, 3, 4, -1]  # pairs (t, j) as t * 2 + j
+    assert x_rows.tolist() == [0, 1, -1, -1, 0, 1, 2, -1]  # their tokens
+    assert _sorted_by_expert(ids, 4, 4, x_per_slot=True)[0].tolist() == [1, 2, -1, -1, 0, 3, 4, -1]

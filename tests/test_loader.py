@@ -114,6 +114,67 @@ def test_expert_stacks(every_type_out):
         stack.matmul(torch.randn(1, stack.shape[-1]))
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "mxfp4"])
+def test_expert_products_match_a_per_token_reference_on_gguf_py_weights(every_type_out, name, backend):
+    """expert_matmul against plain PyTorch on gguf-py's dequantization of the source bytes:
+    each (token, slot) times its expert, one input per token (gate/up) or per slot (down); -1
+    (another rank's expert) gives zeros; experts no token chose are never dequantized."""
+    src, out = every_type_out
+    stack = load(out)[f"blk.1.ffn_up_exps.{name}"]
+    ref = torch.from_numpy(reference(next(t for t in gguf.GGUFReader(src).tensors
+                                          if t.name == f"blk.1.ffn_up_exps.{name}")).copy())
+    experts, n, k = stack.shape
+    ids = torch.tensor([[2, 0], [0, 2], [2, -1], [0, 0], [2, 0]])
+    gen = torch.Generator().manual_seed(1)
+    for x in (torch.randn(5, k, generator=gen), torch.randn(5, 2, k, generator=gen)):
+        got = stack.expert_matmul(x, ids, backend=backend)
+        assert got.shape == (5, 2, n)
+        for t in range(5):
+            for j in range(2):
+                e = int(ids[t, j])
+                want = torch.zeros(n) if e < 0 else (x[t] if x.dim() == 2 else x[t, j]) @ ref[e].T
+                # float32 sums in another order: within 1e-5 of the largest value
+                torch.testing.assert_close(got[t, j], want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+    class Counting(QTensor):
+        seen = []
+
+        def expert(self, e):
+            Counting.seen.append(e)
+            return super().expert(e)
+
+    if backend == "torch":  # (the Triton one has no tile for them: tests/test_kernels.py)
+        Counting(stack.qtype, stack.shape, stack.planes).expert_matmul(torch.randn(5, k), ids)
+        assert sorted(Counting.seen) == [0, 2]  # expert 1 and 3: chosen by no token, never read
+    with pytest.raises(RepackError, match="expert ids must be in -1..3"):
+        stack.expert_matmul(torch.randn(1, k), torch.tensor([[4]]))
+    with pytest.raises(RepackError, match="do not fit"):
+        stack.expert_matmul(torch.randn(2, k), torch.tensor([[0]]))
+    assert stack.expert_matmul(torch.randn(0, k), torch.zeros(0, 2, dtype=torch.long)).shape == (0, 2, n)
+
+
+def test_expert_parallel_shards_and_joined_rows_are_exact(every_type_out):
+    from gguf_repack.runtime.qtensor import join_rows
+
+    _, out = every_type_out
+    stack = load(out)["blk.1.ffn_up_exps.q4_k"]
+    whole = stack.dequantize()
+    for rank in range(2):
+        piece = stack.shard(0, rank, 2)
+        assert piece.shape == (2, *stack.shape[1:])
+        assert torch.equal(piece.dequantize(), whole[2 * rank:2 * rank + 2])
+    for rank in range(3):  # N of every expert (tensor parallel)
+        assert torch.equal(stack.shard(1, rank, 3).dequantize(), whole[:, rank:rank + 1])
+    with pytest.raises(RepackError, match="4 experts cannot be split evenly 3 ways"):
+        stack.shard(0, 0, 3)
+    joined = join_rows([stack, stack.index_rows([2, 0])])
+    assert joined.shape == (4, 5, stack.shape[-1])
+    assert torch.equal(joined.dequantize(), torch.cat([whole, whole[:, [2, 0]]], dim=1))
+    with pytest.raises(RepackError, match="join_rows"):
+        join_rows([stack, load(out)["blk.1.ffn_up_exps.q8_0"]])
+
+
 def test_touching_one_tensor_reads_only_that_tensor(every_type_out):
     _, out = every_type_out
     model = load(out)

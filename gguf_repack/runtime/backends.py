@@ -40,6 +40,23 @@ class TorchBackend:
             out[:, n0:n1] = xf @ w.T
         return out.reshape(*x.shape[:-1], n).to(x.dtype)
 
+    @classmethod
+    def expert_matmul(cls, qt, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Pairs grouped by expert, one 2-D product (bounded memory) per expert chosen."""
+        n, k = qt.shape[1:]
+        flat_ids = ids.reshape(-1)
+        rows = x.reshape(-1, k) if x.dim() == 3 else x.repeat_interleave(ids.shape[1], dim=0)
+        out = torch.zeros(flat_ids.numel(), n, dtype=x.dtype, device=x.device)
+        order = torch.argsort(flat_ids, stable=True)
+        chosen, counts = torch.unique_consecutive(flat_ids[order], return_counts=True)
+        start = 0
+        for e, count in zip(chosen.tolist(), counts.tolist()):
+            picked = order[start:start + count]
+            start += count
+            if e >= 0:
+                out[picked] = cls.matmul(qt.expert(e), rows[picked])
+        return out.reshape(*ids.shape, n)
+
     @staticmethod
     def embedding(qt, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         flat = ids.reshape(-1).to(device=qt.device, dtype=torch.long)
@@ -72,6 +89,12 @@ class TritonBackend:
         import gguf_repack_kernels as kernels
 
         return kernels.matmul(x, cls._planes(qt), qt.qtype.name, tuple(qt.shape))
+
+    @classmethod
+    def expert_matmul(cls, qt, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        import gguf_repack_kernels as kernels
+
+        return kernels.expert_matmul(x, ids, cls._planes(qt), qt.qtype.name, tuple(qt.shape))
 
     @classmethod
     def embedding(cls, qt, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -83,6 +83,29 @@ class QTensor:
             raise RepackError(f"matmul: x has {x.shape[-1]} features, the weight expects {self.shape[1]}")
         return backends.get(backend, self.device, self.qtype.name).matmul(self, x)
 
+    def expert_matmul(self, x: torch.Tensor, expert_ids: torch.Tensor,
+                      backend: str = "auto") -> torch.Tensor:
+        """Each routed token's product with its experts, for an expert stack W of shape
+        (E, N, K): x of shape (T, K) (one input per token, as for gate and up) or (T, k, K) (one
+        per token and slot, as for down), `expert_ids` (T, k). Result (T, k, N) in x's dtype,
+        accumulated in float32: out[t, j] = x[t (, j)] @ W[expert_ids[t, j]].T. Routing weights
+        are the caller's. An id of -1 (an expert of another rank, under expert parallelism)
+        gives zeros. Experts no token chose are never read: the torch backend groups the
+        tokens by expert, one product per expert chosen; the Triton one sorts them by expert
+        into tiles, one launch for all (gguf_repack_kernels.expert_matmul)."""
+        if len(self.shape) != 3:
+            raise RepackError(f"expert_matmul needs a 3-D expert stack, this one is {list(self.shape)}")
+        experts, n, k = self.shape
+        ids = expert_ids.to(device=x.device, dtype=torch.long)
+        if ids.dim() != 2 or x.shape[0] != ids.shape[0] or x.dim() not in (2, 3) \
+                or (x.dim() == 3 and x.shape[1] != ids.shape[1]) or x.shape[-1] != k:
+            raise RepackError(f"expert_matmul: x {list(x.shape)} and expert_ids {list(ids.shape)} do "
+                              f"not fit a stack of {experts} experts of [{n}, {k}]")
+        if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= experts):
+            raise RepackError(f"expert_matmul: expert ids must be in -1..{experts - 1}, got "
+                              f"{int(ids.min())}..{int(ids.max())}")
+        return backends.get(backend, self.device, self.qtype.name).expert_matmul(self, x, ids)
+
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32,
                   backend: str = "auto") -> torch.Tensor:
         """Rows of W for integer ids of any shape: result ids.shape + (K,)."""
@@ -99,8 +122,8 @@ class QTensor:
 
     def shard(self, dim: int, rank: int, world_size: int) -> "QTensor":
         """Piece `rank` of `world_size` equal pieces along `dim` (torch order): the rows
-        dimension (N, for column parallelism) or the last one (K, row parallelism; pieces
-        must hold whole blocks)."""
+        dimension (N, for column parallelism), the last one (K, row parallelism; pieces
+        must hold whole blocks), or the experts of a 3-D stack (dim 0, expert parallelism)."""
         ndim = len(self.shape)
         dim = dim + ndim if dim < 0 else dim
         if not 0 <= rank < world_size:
@@ -120,8 +143,15 @@ class QTensor:
             rows = size // world_size
             planes = {k: p.narrow(-2, rank * rows, rows) for k, p in self.planes.items()}
             shape = (*self.shape[:-2], rows, self.shape[-1])
+        elif dim == 0 and ndim == 3:  # the experts of a stack: expert parallelism
+            if size % world_size:
+                raise RepackError(f"shard: {size} experts cannot be split evenly {world_size} ways")
+            count = size // world_size
+            planes = {k: p.narrow(0, rank * count, count) for k, p in self.planes.items()}
+            shape = (count, *self.shape[1:])
         else:
-            raise RepackError(f"shard: dim {dim} of a {ndim}-D tensor; only N (rows) or K (columns)")
+            raise RepackError(f"shard: dim {dim} of a {ndim}-D tensor; only N (rows), K (columns) "
+                              f"or the experts of a 3-D stack")
         return self._with(shape, planes)
 
     def expert(self, e: int) -> "QTensor":
@@ -131,3 +161,15 @@ class QTensor:
         if not 0 <= e < self.shape[0]:
             raise RepackError(f"expert {e} is out of range 0..{self.shape[0] - 1}")
         return self._with(self.shape[1:], {k: p[e] for k, p in self.planes.items()})
+
+
+def join_rows(tensors: list[QTensor]) -> QTensor:
+    """The rows of `tensors` one after another (along N): gate and up of an expert stack as one
+    weight, as engines fuse them. Exact: the planes are concatenated, the blocks unchanged.
+    The tensors must share their type, K and leading (expert) dimensions."""
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.qtype is not first.qtype or t.shape[:-2] != first.shape[:-2] or t.shape[-1] != first.shape[-1]:
+            raise RepackError(f"join_rows: {t!r} cannot follow {first!r} (same type, K and experts needed)")
+    shape = (*first.shape[:-2], sum(t.shape[-2] for t in tensors), first.shape[-1])
+    return first._with(shape, {k: torch.cat([t.planes[k] for t in tensors], dim=-2) for k in first.planes})
