@@ -6,6 +6,7 @@ from .integrations.hf import (  # noqa: F401
     GgufRepackConfig,
     GgufRepackHfQuantizer,
     QuantEmbedding,
+    QuantExperts,
     QuantLinear,
     __all__,
     load_model,

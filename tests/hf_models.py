@@ -143,52 +143,97 @@ def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Ge
     return path
 
 
-def write_qwen3_moe(path: Path, tokenizer: list[tuple], rng: np.random.Generator,
-                    experts: int = 4) -> Path:
-    """A 2-layer Qwen3-MoE model as llama.cpp's converter writes one (architecture
-    `qwen3moe`: expert stacks ffn_{gate,up,down}_exps [E, N, K], a float router ffn_gate_inp),
-    Q8_0 weights quantized by gguf-py."""
-    h, heads, kv_heads, head_dim, ffn = 256, 4, 2, 64, 256
+# Mixture-of-experts models as llama.cpp's converter writes them: expert stacks
+# ffn_{gate,up,down}_exps [E, N, K] and a float router ffn_gate_inp [E, hidden]. "mixtral" is
+# written as llama.cpp writes Mixtral: architecture `llama` with llama.expert_count. Expert widths
+# are the defaults of transformers' config classes, which its GGUF path keeps (it maps no
+# expert_feed_forward_length): Qwen3-MoE 768, Qwen2-MoE 1408 and a 5632 shared expert.
+MOE = {
+    "qwen3moe": dict(experts=4, used=2, expert_ffn=768),
+    "qwen2moe": dict(experts=4, used=2, expert_ffn=1408, shared_ffn=5632),
+    "mixtral": dict(experts=8, used=2, expert_ffn=512),
+}
+# expert types per layer (gate, up, down): layer 0 as Q4_K_M (gate and up of one type, so
+# joined), layer 1 three different types; K-quants and IQ4_XS need K a multiple of 256, so
+# Qwen2-MoE's down (K = 1408) takes 32-weight blocks
+MOE_EXPERT_TYPES = [(T.Q4_K, T.Q4_K, T.Q6_K), (T.IQ4_XS, T.Q8_0, T.MXFP4)]
+QUANTIZABLE = {T.Q8_0, T.MXFP4, T.Q4_0, T.Q5_0}  # by gguf-py; the others are random valid blocks
+
+
+def write_moe(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
+              expert_ffn: int | None = None, expert_types=MOE_EXPERT_TYPES) -> Path:
+    """A 2-layer MoE model (a key of MOE) at `path`; `expert_ffn` overrides the expert width,
+    `expert_types` the types (as MOE_EXPERT_TYPES)."""
+    m = {**MOE[name], **({"expert_ffn": expert_ffn} if expert_ffn else {})}
+    arch = "llama" if name == "mixtral" else name
+    h, heads, kv_heads, head_dim = 256, 4, 2, 64
     vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_name("qwen3moe")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(name)
     w.add_context_length(512)
     w.add_block_count(N_LAYERS)
     w.add_embedding_length(h)
-    w.add_feed_forward_length(2 * ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_vocab_size(vocab)
-    w.add_expert_count(experts)
-    w.add_expert_used_count(2)
-    w.add_expert_feed_forward_length(ffn)
+    w.add_expert_count(m["experts"])
+    w.add_expert_used_count(m["used"])
+    if name == "mixtral":  # llama.cpp writes Mixtral's expert width as the FFN length
+        w.add_feed_forward_length(m["expert_ffn"])
+        w.add_rope_dimension_count(head_dim)
+    else:
+        w.add_feed_forward_length(2 * m["expert_ffn"])
+        w.add_expert_feed_forward_length(m["expert_ffn"])
+    if name == "qwen3moe":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if name == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(m["shared_ffn"])
     for key, value, vtype, sub in tokenizer:
         w.add_key_value(key, value, vtype, sub_type=sub)
 
-    def quantized(name, shape):
-        weights = rng.normal(0, shape[-1] ** -0.5, shape).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(weights, T.Q8_0), raw_dtype=T.Q8_0)
+    def quantized(tensor_name, shape, qtype=T.Q8_0):
+        if qtype in QUANTIZABLE:
+            weights = rng.normal(0, shape[-1] ** -0.5, shape).astype(np.float32)
+            data = gguf.quants.quantize(weights, qtype)
+        else:
+            rows = int(np.prod(shape[:-1]))
+            data = k_quant_bytes(qtype, rows, shape[-1], rng).reshape(*shape[:-1], -1)
+        w.add_tensor(tensor_name, data, raw_dtype=qtype)
 
-    def plain(name, shape, around=1.0):
-        w.add_tensor(name, (around + rng.normal(0, 0.1, shape)).astype(np.float32))
+    def plain(tensor_name, shape, around=1.0):
+        w.add_tensor(tensor_name, (around + rng.normal(0, 0.1, shape)).astype(np.float32))
 
+    e, ffn = m["experts"], m["expert_ffn"]
     quantized("token_embd.weight", (vocab, h))
     for i in range(N_LAYERS):
-        for norm, n in (("attn_norm", h), ("ffn_norm", h), ("attn_q_norm", head_dim),
-                        ("attn_k_norm", head_dim)):
-            plain(f"blk.{i}.{norm}.weight", n)
+        plain(f"blk.{i}.attn_norm.weight", h)
+        plain(f"blk.{i}.ffn_norm.weight", h)
+        if name == "qwen3moe":
+            plain(f"blk.{i}.attn_q_norm.weight", head_dim)
+            plain(f"blk.{i}.attn_k_norm.weight", head_dim)
         quantized(f"blk.{i}.attn_q.weight", (heads * head_dim, h))
         quantized(f"blk.{i}.attn_k.weight", (kv_heads * head_dim, h))
         quantized(f"blk.{i}.attn_v.weight", (kv_heads * head_dim, h))
         quantized(f"blk.{i}.attn_output.weight", (h, heads * head_dim))
-        plain(f"blk.{i}.ffn_gate_inp.weight", (experts, h), around=0.0)
-        quantized(f"blk.{i}.ffn_gate_exps.weight", (experts, ffn, h))
-        quantized(f"blk.{i}.ffn_up_exps.weight", (experts, ffn, h))
-        quantized(f"blk.{i}.ffn_down_exps.weight", (experts, h, ffn))
+        if name == "qwen2moe":
+            for proj, n in (("attn_q", heads), ("attn_k", kv_heads), ("attn_v", kv_heads)):
+                plain(f"blk.{i}.{proj}.bias", n * head_dim, around=0.0)
+        plain(f"blk.{i}.ffn_gate_inp.weight", (e, h), around=0.0)
+        gate, up, down = expert_types[i]
+        if ffn % 256:
+            down = T.Q8_0 if down != T.MXFP4 else down
+        quantized(f"blk.{i}.ffn_gate_exps.weight", (e, ffn, h), gate)
+        quantized(f"blk.{i}.ffn_up_exps.weight", (e, ffn, h), up)
+        quantized(f"blk.{i}.ffn_down_exps.weight", (e, h, ffn), down)
+        if name == "qwen2moe":
+            shared = m["shared_ffn"]
+            plain(f"blk.{i}.ffn_gate_inp_shexp.weight", h, around=0.0)
+            quantized(f"blk.{i}.ffn_gate_shexp.weight", (shared, h), T.Q4_K)
+            quantized(f"blk.{i}.ffn_up_shexp.weight", (shared, h), T.Q4_K)
+            quantized(f"blk.{i}.ffn_down_shexp.weight", (h, shared), T.Q6_K)
     plain("output_norm.weight", h)
     quantized("output.weight", (vocab, h))
     w.write_header_to_file()
@@ -196,3 +241,7 @@ def write_qwen3_moe(path: Path, tokenizer: list[tuple], rng: np.random.Generator
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_qwen3_moe(path: Path, tokenizer: list[tuple], rng: np.random.Generator) -> Path:
+    return write_moe(path, "qwen3moe", tokenizer, rng)

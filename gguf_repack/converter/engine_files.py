@@ -73,6 +73,7 @@ def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> li
             what = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             raise EngineFilesSkipped(f"transformers could not describe this {arch!r} model "
                                      f"({what})") from None
+    config = _moe_config(config, gguf)
     config.architectures = config.architectures or _causal_lm_class(config.model_type)
     config.save_pretrained(out)
     _complete_config(out / "config.json")
@@ -92,6 +93,31 @@ def _keep_bos_flag(tokenizer, gguf: GGUFFile, source: str) -> None:
 
     if get_gguf_tokenizer(source)[2].get("add_bos_token", True):
         tokenizer.add_bos_token = True
+
+
+def _moe_config(config, gguf: GGUFFile):
+    """transformers' config of a mixture-of-experts file, made right where its GGUF mapping is
+    not: llama.cpp writes Mixtral as architecture `llama` with `llama.expert_count`, which
+    transformers reads as a dense LlamaConfig (a Mixtral config then); and it maps no expert
+    widths, so Qwen2-MoE's and Qwen3-MoE's come out as their config classes' defaults (the
+    file's values then)."""
+    arch = gguf.get("general.architecture")
+    experts = gguf.get(f"{arch}.expert_count")
+    if not experts:
+        return config
+    if config.model_type == "llama":
+        from transformers import MixtralConfig
+
+        dense = config.to_dict()
+        keep = set(MixtralConfig().to_dict()) - {"model_type", "architectures", "transformers_version"}
+        config = MixtralConfig(**{k: v for k, v in dense.items() if k in keep or k.endswith("_token_id")},
+                               num_local_experts=experts,
+                               num_experts_per_tok=gguf.get(f"{arch}.expert_used_count"))
+    for key, attribute in (("expert_feed_forward_length", "moe_intermediate_size"),
+                           ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):
+        if gguf.get(f"{arch}.{key}") and hasattr(config, attribute):
+            setattr(config, attribute, gguf.get(f"{arch}.{key}"))
+    return config
 
 
 def _causal_lm_class(model_type: str) -> list[str] | None:

@@ -32,6 +32,10 @@ SKIPPED = {
 }
 
 
+# transformers' one parameter for an expert stack's gate and up rows (llama.cpp's two tensors)
+_JOINED_GATE_UP = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.gate_up_proj"
+
+
 def skip_reason(gguf_name: str) -> str | None:
     return next((why for pattern, why in SKIPPED.items() if re.fullmatch(pattern, gguf_name)), None)
 
@@ -75,6 +79,10 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
             inner = processor.preprocess_name(hf_name)
             suffix = "." + inner.rpartition(".")[2] if inner.endswith((".weight", ".bias")) else ""
             processor.perform_fallback_tensor_mapping(fallback, suffix, "", inner)
+            if not fallback and (m := re.fullmatch(_JOINED_GATE_UP, inner)):
+                # the same join where transformers' processor for the architecture has no
+                # fallback (Mixtral, written as llama)
+                fallback = {f"blk.{m['bid']}.ffn_{w}_exps": hf_name for w in ("gate", "up")}
             for gguf_name in fallback:
                 names.setdefault(gguf_name if gguf_name.endswith((".weight", ".bias"))
                                  else gguf_name + ".weight", hf_name)

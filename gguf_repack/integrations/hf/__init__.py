@@ -9,9 +9,10 @@ Needs the `hf` extra (transformers, tokenizers, accelerate).
 """
 
 from .model import load_model
-from .modules import QuantEmbedding, QuantLinear
+from .modules import QuantEmbedding, QuantExperts, QuantLinear
 from .quantizer import GgufRepackConfig, GgufRepackHfQuantizer, register
 
 register()
 
-__all__ = ["load_model", "QuantLinear", "QuantEmbedding", "GgufRepackConfig", "GgufRepackHfQuantizer"]
+__all__ = ["load_model", "QuantLinear", "QuantEmbedding", "QuantExperts", "GgufRepackConfig",
+           "GgufRepackHfQuantizer"]

@@ -1,4 +1,5 @@
-"""load_model(out): a transformers model whose linear layers and token embedding stay quantized.
+"""load_model(out): a transformers model whose linear layers, token embedding and expert stacks stay
+quantized.
 
 The model is built from the directory's config.json with empty (meta) weights, then every GGUF
 tensor is put in place under its transformers name: quantized ones as QuantLinear /
@@ -9,6 +10,7 @@ weight is ever dequantized whole.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -19,7 +21,7 @@ from gguf_repack.integrations.tensor_map import TensorMapping, meta_model, witho
 from gguf_repack.runtime.loader import RepackedModel, load
 from gguf_repack.runtime.qtensor import QTensor
 
-from .modules import QuantEmbedding, QuantLinear
+from .modules import QuantEmbedding, QuantExperts, QuantLinear
 
 
 def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -58,17 +60,26 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
     # a model filled before holds QuantLinear modules, whose parameters are no longer named
     # as transformers' are: its names come from a fresh meta copy then
     mapping = TensorMapping(meta_model(model.config) if plain_only else model, repacked)
+    expert_stacks: dict[str, dict[str, QTensor]] = {}  # experts module -> {gate, up, down}
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
         module = model.get_submodule(module_name)
-        if not isinstance(tensor, QTensor):
+        role = re.search(r"\.ffn_(gate|up|down)_exps\.weight$", gguf_name)
+        if role and len(tensor.shape) == 3:  # an expert stack: placed with its module's others
+            if not plain_only:
+                expert_stacks.setdefault(module_name, {})[role[1]] = (
+                    mapping.quantized(gguf_name, tensor) if isinstance(tensor, QTensor)
+                    else mapping.plain(gguf_name, tensor, dtype))
+        elif not isinstance(tensor, QTensor):
             _place_plain(module, param, hf_name, mapping.plain(gguf_name, tensor, dtype))
         elif not plain_only:
             _place_quantized(model, module_name, module, param, gguf_name,
                              mapping.quantized(gguf_name, tensor), dtype, backend)
     if plain_only:
         return
+    for module_name, stacks in expert_stacks.items():
+        _place_experts(model, module_name, stacks, backend)
     _tie_output_embeddings(model, backend)
     # (buffers such as rotary frequencies are the model's own business, not the checkpoint's)
     missing = [n for n, t in model.named_parameters() if t.is_meta]
@@ -102,6 +113,36 @@ def _place_quantized(model, module_name, module, param, gguf_name, weight: QTens
         raise RepackError(f"{gguf_name}: {module_name} is a {type(module).__name__}, which cannot "
                           f"hold a quantized weight yet")
     model.set_submodule(module_name, new)
+
+
+def _place_experts(model, module_name: str, stacks: dict[str, QTensor], backend: str) -> None:
+    """An experts module of transformers' MoE models (gate_up_proj, down_proj, act_fn) made a
+    QuantExperts over the file's stacks."""
+    module = model.get_submodule(module_name)
+    arch = model.config.model_type
+    if set(stacks) != {"gate", "up", "down"}:
+        raise FormatError(f"{module_name}: the file has expert stacks {sorted(stacks)}; a "
+                          f"{arch} experts module needs gate, up and down")
+    if type(module).__name__ not in EXPERT_MODULES:
+        raise RepackError(f"{arch}: its experts ({module_name}, {type(module).__name__}) cannot run "
+                          f"on quantized stacks yet; {', '.join(sorted(EXPERT_MODULES))} can")
+    plain = [isinstance(t, torch.Tensor) for t in stacks.values()]
+    if all(plain):  # float stacks (F16, F32): transformers' own module, gate and up joined
+        joined = torch.cat([stacks["gate"], stacks["up"]], dim=1)
+        module.gate_up_proj = nn.Parameter(joined, requires_grad=False)
+        module.down_proj = nn.Parameter(stacks["down"], requires_grad=False)
+    elif any(plain):
+        raise RepackError(f"{module_name}: expert stacks partly float, partly quantized are not "
+                          f"supported yet")
+    else:
+        model.set_submodule(module_name, QuantExperts(stacks["gate"], stacks["up"], stacks["down"],
+                                                      module.act_fn, backend=backend))
+
+
+# transformers' experts modules that compute act(x @ gate.T) * (x @ up.T) @ down.T per expert,
+# weighted by the router: what QuantExperts computes. (gpt-oss's adds biases and a clamped,
+# interleaved SwiGLU: not yet.)
+EXPERT_MODULES = {"MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts"}
 
 
 def _embed_scale(module) -> torch.Tensor | None:

@@ -1,4 +1,4 @@
-"""torch.nn modules whose weight stays quantized: QuantLinear and QuantEmbedding.
+"""torch.nn modules whose weights stay quantized: QuantLinear, QuantEmbedding, QuantExperts.
 
 The rp1 planes are registered as (non-persistent) buffers, so `model.to(device)`, `.buffers()`
 and memory accounting see them like any other tensor; the QTensor is rebuilt from them on each
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gguf_repack.runtime.qtensor import QTensor
+from gguf_repack.runtime.qtensor import QTensor, join_rows
 
 _PREFIX = "plane_"
 
@@ -67,3 +67,48 @@ class QuantEmbedding(_HoldsQTensor):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, qtype={self.qtype.name}"
+
+
+class QuantExperts(nn.Module):
+    """transformers' experts module of Mixtral, Qwen2-MoE and Qwen3-MoE, forward(hidden_states
+    (T, hidden), top_k_index (T, k), top_k_weights (T, k)), over quantized expert stacks: gate
+    and up (E, I, hidden), down (E, hidden, I). Gate and up of one GGUF type are held joined
+    along N (transformers' gate_up_proj, exactly: the planes concatenated), one product for
+    both; each token meets only its chosen experts (QTensor.expert_matmul)."""
+
+    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_fn, backend: str = "auto"):
+        super().__init__()
+        self.num_experts, self.intermediate_dim, self.hidden_dim = gate.shape
+        if up.shape != gate.shape or tuple(down.shape) != (self.num_experts, self.hidden_dim,
+                                                           self.intermediate_dim):
+            raise ValueError(f"expert stacks do not fit: gate {list(gate.shape)}, up "
+                             f"{list(up.shape)}, down {list(down.shape)}")
+        self.act_fn, self.backend = act_fn, backend
+        stacks = {"gate_up": join_rows([gate, up])} if gate.qtype is up.qtype else {"gate": gate, "up": up}
+        stacks["down"] = down
+        self.stacks = {name: (w.qtype, tuple(w.shape)) for name, w in stacks.items()}
+        for name, w in stacks.items():
+            for field, plane in w.planes.items():
+                self.register_buffer(f"{_PREFIX}{name}_{field}", plane, persistent=False)
+
+    def stack(self, name: str) -> QTensor:
+        qtype, shape = self.stacks[name]
+        planes = {f.name: getattr(self, f"{_PREFIX}{name}_{f.name}") for f in qtype.fields}
+        return QTensor(qtype, shape, planes)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        # transformers marks another rank's experts (expert parallel) with id num_experts
+        ids = torch.where(top_k_index < self.num_experts, top_k_index, -1)
+        if "gate_up" in self.stacks:
+            gate, up = self.stack("gate_up").expert_matmul(hidden_states, ids, self.backend).chunk(2, dim=-1)
+        else:
+            gate = self.stack("gate").expert_matmul(hidden_states, ids, self.backend)
+            up = self.stack("up").expert_matmul(hidden_states, ids, self.backend)
+        down = self.stack("down").expert_matmul(self.act_fn(gate) * up, ids, self.backend)
+        return (down * top_k_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(hidden_states.dtype)
+
+    def extra_repr(self) -> str:
+        types = ", ".join(f"{name}={qtype.name}" for name, (qtype, _) in self.stacks.items())
+        return (f"experts={self.num_experts}, hidden={self.hidden_dim}, "
+                f"intermediate={self.intermediate_dim}, {types}")

@@ -26,7 +26,7 @@ from gguf_repack.format.manifest import FORMAT_VERSION, QUANT_METHOD, check_quan
 from gguf_repack.runtime.loader import load
 
 from .model import fill_model
-from .modules import QuantEmbedding, QuantLinear
+from .modules import QuantEmbedding, QuantExperts, QuantLinear
 
 
 class GgufRepackConfig(QuantizationConfigMixin):
@@ -63,7 +63,7 @@ class GgufRepackHfQuantizer(HfQuantizer):
         # or unexpected in transformers' sense.
         model._keys_to_ignore_on_load_missing = model._keys_to_ignore_on_load_unexpected = {"."}
         self._planes = {(name, key): buffer for name, module in model.named_modules()
-                        if isinstance(module, (QuantLinear, QuantEmbedding))
+                        if isinstance(module, (QuantLinear, QuantEmbedding, QuantExperts))
                         for key, buffer in module._buffers.items()}
         return model
 
@@ -71,6 +71,9 @@ class GgufRepackHfQuantizer(HfQuantizer):
         for (name, key), buffer in self._planes.items():
             model.get_submodule(name)._buffers[key] = buffer
         fill_model(model, self._repacked, dtype=model.dtype, plain_only=True)
+        # the model keeps this quantizer: without this, its tensors cache would hold expert
+        # stacks twice (joined gate/up planes are new tensors)
+        self._repacked = self._planes = None
         return model.eval()
 
     def is_serializable(self):

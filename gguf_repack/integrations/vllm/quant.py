@@ -8,6 +8,7 @@ the config reads the directory's manifest and maps the layer's vLLM name to its 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,23 @@ class GgufRepackVllmConfig(QuantizationConfig):
             self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}
         return self._types
 
+    def expert_types(self, prefix: str) -> tuple[GGMLType, GGMLType, GGMLType]:
+        """The GGUF types of the gate, up and down expert stacks behind the vLLM experts layer
+        `prefix` (model.layers.N.<anything>.experts: one expert layer per decoder layer)."""
+        self._load_types()
+        block = re.search(r"layers\.(\d+)\.", prefix)
+        names = [f"blk.{block[1] if block else '?'}.ffn_{w}_exps.weight" for w in ("gate", "up", "down")]
+        missing = [n for n in names if n not in self._gguf_types]
+        if missing:
+            raise ValueError(f"gguf_repack: {prefix}: the directory has no expert stack "
+                             f"{', '.join(missing)} (model {self.directory})")
+        types = tuple(TYPES_BY_NAME[self._gguf_types[n]] for n in names)
+        if not all(t.is_quantized for t in types):
+            raise ValueError(f"gguf_repack: {prefix}: float expert stacks "
+                             f"({', '.join(t.name for t in types)}) are not supported by the "
+                             f"plugin yet (model {self.directory})")
+        return types
+
     def _embedding_types(self, layer) -> tuple[str, ...]:
         """Some models build their embeddings without a prefix: find them by GGUF name (the
         output projection is the token embedding when the file has no output.weight)."""
@@ -146,8 +164,9 @@ class GgufRepackVllmConfig(QuantizationConfig):
         from vllm.model_executor.layers.fused_moe import RoutedExperts
 
         if isinstance(layer, RoutedExperts):
-            raise ValueError(f"gguf_repack: {prefix}: mixture-of-experts layers are not supported "
-                             f"yet (model {self.directory})")
+            from .moe import RepackMoEMethod
+
+            return RepackMoEMethod(layer.moe_config, self.expert_types(prefix), prefix)
         if not isinstance(layer, (LinearBase, VocabParallelEmbedding)):
             return None
         types = [TYPES_BY_NAME[t] for t in self.source_types(prefix) or self._embedding_types(layer)]

@@ -4,12 +4,15 @@ integration (gguf-py's name map and transformers' fixes: llama's Q/K rows, Gemma
 
 A quantized tensor comes as its planes, `<module>.rp1_<field>`, which vLLM's own load_weights
 routes to the layer (merging q/k/v and gate/up by the module name) and our weight loaders
-place (the rank's slice, at the shard's offset). A plain tensor comes as itself.
+place (the rank's slice, at the shard's offset). A plain tensor comes as itself. An expert
+stack ([E, N, K]) is not a (name, tensor) pair: the loader places it in its experts layer
+directly (moe.py).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from functools import lru_cache
@@ -40,10 +43,15 @@ def mapping_for(repacked: RepackedModel) -> TensorMapping:
 
 
 def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = lambda name: True,
-                 counts: dict[str, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                 counts: dict[str, int] | None = None,
+                 expert_stack: Callable[[str, QTensor], None] | None = None,
+                 in_float: Callable[[str], bool] = lambda module: False,
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The directory's weights under transformers' names; with `wanted`, only the tensors
     whose name it accepts are read (a pipeline stage's layers). `counts` gets "read" and
-    "tensors"."""
+    "tensors". Quantized expert stacks go to `expert_stack(gguf name, stack)`; a quantized
+    weight of a module that `in_float` names (one the model builds without the quantization
+    config) comes dequantized, as `<module>.weight`."""
     repacked = load(Path(directory))
     mapping = mapping_for(repacked)
     counts = {} if counts is None else counts
@@ -53,7 +61,15 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             continue
         counts["read"] += 1
         tensor = repacked[gguf_name]
-        if isinstance(tensor, QTensor):
+        if isinstance(tensor, QTensor) and len(tensor.shape) == 3:
+            if expert_stack is None:
+                raise ValueError(f"gguf_repack: {gguf_name} is an expert stack; iter_weights needs "
+                                 f"expert_stack to place it")
+            expert_stack(gguf_name, mapping.quantized(gguf_name, tensor))
+        elif isinstance(tensor, QTensor) and in_float(hf_name.rpartition(".")[0]):
+            counts.setdefault("float", []).append(gguf_name)
+            yield hf_name, mapping.quantized(gguf_name, tensor).dequantize(torch.float32)
+        elif isinstance(tensor, QTensor):
             module = hf_name.rpartition(".")[0]
             for field, plane in mapping.quantized(gguf_name, tensor).planes.items():
                 yield f"{module}.{PLANE}{field}", plane
@@ -77,11 +93,76 @@ class RepackAwareModelLoader(DefaultModelLoader):
         self.counter_before_loading_weights = time.perf_counter()
         # under pipeline parallelism a stage's model has placeholders for the other stages'
         # layers: their tensors are not read at all
-        counts: dict[str, int] = {}
-        yield from iter_weights(model_config.model, lambda name: not is_pp_missing_parameter(name, model),
-                                counts)
+        counts: dict = {}
+        rename = _checkpoint_names(model, model_config.hf_config.model_type)
+        weights = iter_weights(model_config.model, lambda name: not is_pp_missing_parameter(name, model),
+                               counts, expert_stack=_expert_placer(model),
+                               in_float=_held_in_float(model, rename))
+        yield from ((rename(name), tensor) for name, tensor in weights)
         logger.info("gguf_repack: pipeline stage %d read %d of the %d tensors of %s",
                     get_pp_group().rank_in_group, counts["read"], counts["tensors"], model_config.model)
+        if counts.get("float"):
+            logger.warning("gguf_repack: %s builds %d layers without the quantization config; their "
+                           "weights are held dequantized: %s", type(model).__name__,
+                           len(counts["float"]), ", ".join(counts["float"]))
+
+
+def _checkpoint_names(model, model_type: str) -> Callable[[str], str]:
+    """transformers 5 renamed some checkpoint names (Mixtral's `.block_sparse_moe.` is `.mlp.`)
+    and reads older checkpoints through its conversion mapping; vLLM's models keep the older
+    names. A name whose module the vLLM model does not have is renamed back by transformers'
+    own renamings for the model type, where that gives a module the model has."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    renames = [(target, source.replace("\\", ""))
+               for w in get_checkpoint_conversion_mapping(model_type) or [] if isinstance(w, WeightRenaming)
+               for source, target in zip(w._original_source_patterns, w._original_target_patterns)]
+    modules = {name for name, _ in model.named_modules()}
+
+    def rename(name: str) -> str:
+        if name.rpartition(".")[0] in modules:
+            return name
+        for target, source in renames:
+            renamed = re.sub(target, source, name)
+            if renamed.rpartition(".")[0] in modules:
+                return renamed
+        return name
+    return rename
+
+
+def _held_in_float(model, rename: Callable[[str], str]) -> Callable[[str], bool]:
+    """Whether the model's module of that name holds a float weight and no rp1 planes (a layer
+    the model builds without the quantization config, as vLLM's Mixtral does its token
+    embedding). Names the model merges (q_proj into qkv_proj) are not modules: False."""
+    def in_float(name: str) -> bool:
+        try:
+            module = model.get_submodule(rename(name + ".weight").rpartition(".")[0])
+        except AttributeError:
+            return False
+        params = dict(module.named_parameters(recurse=False))
+        return "weight" in params and not any(n.startswith(PLANE) for n in params)
+    return in_float
+
+
+def _expert_placer(model) -> Callable[[str, QTensor], None]:
+    """Places blk.N.ffn_{gate,up,down}_exps into the experts layer of decoder layer N."""
+    from .moe import RepackMoEMethod
+
+    layers = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, RepackMoEMethod):
+            layers[int(re.search(r"layers\.(\d+)\.", method.prefix)[1])] = module
+
+    def place(gguf_name: str, stack: QTensor) -> None:
+        block, role = re.fullmatch(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight", gguf_name).groups()
+        if int(block) not in layers:
+            raise ValueError(f"gguf_repack: {gguf_name}: the model has no experts layer in "
+                             f"decoder layer {block}")
+        layer = layers[int(block)]
+        layer.quant_method.place_stack(layer, role, stack)
+    return place
 
 
 def register_loader() -> None:

@@ -1,0 +1,166 @@
+"""Mixture-of-experts models through transformers with their expert stacks kept quantized:
+Qwen3-MoE and Qwen2-MoE against transformers' GGUF path on the same file, and a Mixtral written
+as llama.cpp writes it (architecture `llama` with experts), for which transformers has no GGUF
+path, against transformers' MixtralForCausalLM holding gguf-py's dequantization of the file."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+import torch
+from hf_models import MOE, MOE_EXPERT_TYPES, byte_tokenizer_kvs, tokenizer_kvs, write_moe
+from test_hf import PROMPT, assert_same_predictions
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from gguf_repack import RepackError, convert
+from gguf_repack.hf import QuantExperts, QuantLinear, load_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    return tokenizer_kvs(smollm2)
+
+
+def held_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def source_bytes(out) -> int:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return sum(t["source"]["nbytes"] for t in manifest["tensors"])  # the GGUF's tensor bytes
+
+
+def assert_experts_stay_quantized(model, out):
+    """Every expert layer is a QuantExperts over the file's types (gate and up joined where
+    they share one), the model holds at most 1.2x the file's tensor bytes."""
+    for i, layer in enumerate(model.model.layers):
+        experts = layer.mlp.experts
+        assert isinstance(experts, QuantExperts)
+        gate, up, down = MOE_EXPERT_TYPES[i]
+        assert experts.stacks["down"][0].name in (down.name, "Q8_0")  # Q8_0 where K % 256
+        assert ("gate_up" in experts.stacks) == (gate == up)
+    assert held_bytes(model) <= 1.2 * source_bytes(out), (held_bytes(model), source_bytes(out))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_qwen_moe_predicts_as_transformers_gguf_path(arch, tokenizer, tmp_path):
+    src = write_moe(tmp_path / f"{arch}.gguf", arch, tokenizer, np.random.default_rng(7))
+    out = tmp_path / "out"
+    convert(src, out)
+    ours = load_model(out)
+    assert_experts_stay_quantized(ours, out)
+    if arch == "qwen2moe":  # the shared expert and its gate are plain layers
+        assert isinstance(ours.model.layers[0].mlp.shared_expert.down_proj, QuantLinear)
+    ref_model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=src.name,
+                                                     dtype=torch.float32).eval()
+    ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
+    assert_same_predictions(ours, ref_model, ids, steps=8)
+
+    via_auto = AutoModelForCausalLM.from_pretrained(out)  # the registered quantizer
+    assert isinstance(via_auto.model.layers[1].mlp.experts, QuantExperts)
+    assert held_bytes(via_auto) <= 1.2 * source_bytes(out)
+    with torch.no_grad():
+        assert torch.equal(via_auto(ids).logits, ours(ids).logits)
+
+
+def mixtral_config():
+    """What write_moe writes for "mixtral", as a Mixtral config by hand (transformers' GGUF
+    mapping reads the file as a dense LlamaConfig)."""
+    from transformers import MixtralConfig
+
+    return MixtralConfig(vocab_size=49152, hidden_size=256, intermediate_size=MOE["mixtral"]["expert_ffn"],
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=512,
+                         rms_norm_eps=float(np.float32(1e-6)),
+                         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+                         tie_word_embeddings=False)
+
+
+def mixtral_reference(src, config):
+    """transformers' MixtralForCausalLM holding gguf-py's dequantization of every tensor of
+    `src`, llama's Q/K rows put back by transformers' own llama processor (llama.cpp permutes
+    them for its rope), names by hand: nothing of gguf_repack."""
+    from transformers import MixtralForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    processor = LlamaTensorProcessor(config=config.to_dict())
+    names = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate_inp": "mlp.gate",
+             "ffn_down_exps": "mlp.experts.down_proj"}
+    state, gate_up = {}, {}
+    for t in gguf.GGUFReader(src).tensors:
+        values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        values = values.reshape([int(d) for d in reversed(t.shape)])
+        values = torch.from_numpy(np.array(processor.process(values, t.name).weights))
+        parts = t.name.split(".")
+        if parts[0] != "blk":
+            state[names[parts[0]] + ".weight"] = values
+            continue
+        layer, base = f"model.layers.{parts[1]}.", parts[2]
+        if base in ("ffn_gate_exps", "ffn_up_exps"):
+            gate_up.setdefault(layer, {})[base] = values
+        elif base == "ffn_down_exps":
+            state[layer + names[base]] = values
+        else:
+            state[layer + names[base] + ".weight"] = values
+    for layer, stacks in gate_up.items():
+        state[layer + "mlp.experts.gate_up_proj"] = torch.cat(
+            [stacks["ffn_gate_exps"], stacks["ffn_up_exps"]], dim=1)
+    model = MixtralForCausalLM(config).eval()
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+@pytest.mark.slow
+def test_mixtral_written_as_llama_gets_a_mixtral_config_and_predicts_as_mixtral(tokenizer, tmp_path):
+    src = write_moe(tmp_path / "mixtral.gguf", "mixtral", tokenizer, np.random.default_rng(7))
+    out = tmp_path / "out"
+    convert(src, out)
+    config = AutoConfig.from_pretrained(out)
+    expected = mixtral_config()
+    assert config.architectures == ["MixtralForCausalLM"]
+    for key, value in expected.to_dict().items():
+        # (provenance, and the token ids, which come from the tokenizer)
+        if key not in ("transformers_version", "_name_or_path", "architectures", "dtype",
+                       "bos_token_id", "eos_token_id", "pad_token_id"):
+            assert getattr(config, key) == value, key
+    ours = load_model(out)
+    assert_experts_stay_quantized(ours, out)
+    ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
+    assert_same_predictions(ours, mixtral_reference(src, expected), ids, steps=8)
+
+
+def test_expert_widths_come_from_the_file(tmp_path):
+    """transformers' GGUF mapping reads no expert width: Qwen3-MoE's would be its class default
+    (768). The config written at convert takes the file's, and the model loads with it."""
+    src = write_moe(tmp_path / "m.gguf", "qwen3moe", byte_tokenizer_kvs(), np.random.default_rng(5),
+                    expert_ffn=512)
+    out = tmp_path / "out"
+    convert(src, out)
+    assert AutoConfig.from_pretrained(out).moe_intermediate_size == 512
+    model = load_model(out)
+    assert model.model.layers[0].mlp.experts.intermediate_dim == 512
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[1, 100, 200]])).logits).all()
+
+
+def test_experts_the_integration_cannot_run_are_named_at_load(tmp_path, monkeypatch):
+    """An experts module that cannot run on quantized stacks names the architecture and what
+    is missing at load (never damaged output): here transformers' Qwen3-MoE experts made
+    unknown to the integration, as gpt-oss's are."""
+    from gguf_repack.integrations.hf import model as hf_model
+
+    src = write_moe(tmp_path / "m.gguf", "qwen3moe", byte_tokenizer_kvs(), np.random.default_rng(5))
+    out = tmp_path / "out"
+    convert(src, out)
+    monkeypatch.setattr(hf_model, "EXPERT_MODULES", {"MixtralExperts"})
+    with pytest.raises(RepackError, match=r"qwen3_moe: its experts \(model\.layers\.0\.mlp\.experts, "
+                                          r"Qwen3MoeExperts\) cannot run on quantized stacks yet"):
+        load_model(out)
