@@ -25,14 +25,16 @@ def test_bench_gpu_smoke(tmp_path):
 
 def test_gpu_check_smoke(tmp_path):
     """The prepared GPU check (scripts/gpu_check.py) end to end on CPU: its three parts run and
-    report, the kernels of three types pass, the small llama's greedy tokens match."""
+    report, the kernels of three types pass (expert products included: a GEMV a pair and
+    one-expert tiles), the small llama's greedy tokens match."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--types",
                     "Q4_0,Q4_K,IQ2_XXS", "--out", str(tmp_path)], check=True, capture_output=True,
                    timeout=900)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert {r["type"] for r in report["kernels"]} == {"Q4_0", "Q4_K", "IQ2_XXS"}
     assert all(r["ok"] for r in report["kernels"]), [r for r in report["kernels"] if not r["ok"]]
-    assert {r["family"] for r in report["kernels"]} == {"dequantize", "embedding", "matmul"}
+    assert {r["family"] for r in report["kernels"]} == {"dequantize", "embedding", "matmul",
+                                                        "expert_matmul"}
     assert report["bench"]["returncode"] == 0, report["bench"]
     assert (tmp_path / "bench" / "bench_gpu.md").is_file()
     assert report["model"]["greedy_tokens_equal_cpu_torch_backend"], report["model"]

@@ -148,7 +148,9 @@ def stage_reads(stderr: str) -> dict[int, tuple[int, int]]:
     return {int(stage): (int(read), int(total)) for stage, read, total in found}
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+# PP 2 x TP 2 only: PP 2 at TP 1 is the same loader path and passed too (tp=1 here, 2026-12-01),
+# but each compiled start costs CI about 3 minutes
+@pytest.mark.parametrize("tp", [2])
 def test_pipeline_parallel_reads_each_stages_layers_only_and_generates_the_same(tp, synthetic,
                                                                                 vllm_python):
     out, tokens = synthetic("llama")

@@ -56,8 +56,9 @@ def moe(smollm2, tmp_path_factory):
     return make
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("arch", ["qwen3moe", "mixtral"])
+# Mixtral at TP 2 only in CI (its TP 1 run passed too, 2026-12-01: the held-bytes check with
+# its float embedding); each vLLM start costs CI over a minute
+@pytest.mark.parametrize("arch, tp", [("qwen3moe", 1), ("qwen3moe", 2), ("mixtral", 2)])
 def test_moe_model_with_quantized_experts_generates_as_transformers(arch, tp, moe, vllm_python):  # noqa: F811
     out, prompt_ids, tokens = moe(arch)
     result = run_vllm(vllm_python, out, tp=tp, held_bytes=True, max_tokens=8)
