@@ -152,26 +152,38 @@ MOE = {
     "qwen3moe": dict(experts=4, used=2, expert_ffn=768),
     "qwen2moe": dict(experts=4, used=2, expert_ffn=1408, shared_ffn=5632),
     "mixtral": dict(experts=8, used=2, expert_ffn=512),
+    # as llama.cpp's converter writes gpt-oss: biases on attention, router and experts, one
+    # attention sink per head, yarn rope scaling, every other layer sliding-window attention
+    "gpt-oss": dict(experts=4, used=2, expert_ffn=256, sliding_window=4),
 }
 # expert types per layer (gate, up, down): layer 0 as Q4_K_M (gate and up of one type, so
 # joined), layer 1 three different types; K-quants and IQ4_XS need K a multiple of 256, so
 # Qwen2-MoE's down (K = 1408) takes 32-weight blocks
 MOE_EXPERT_TYPES = [(T.Q4_K, T.Q4_K, T.Q6_K), (T.IQ4_XS, T.Q8_0, T.MXFP4)]
+# llama.cpp writes gpt-oss's experts in MXFP4 as OpenAI ships them; layer 1 as a requantized file
+GPT_OSS_EXPERT_TYPES = [(T.MXFP4, T.MXFP4, T.MXFP4), (T.Q4_K, T.Q8_0, T.Q6_K)]
 QUANTIZABLE = {T.Q8_0, T.MXFP4, T.Q4_0, T.Q5_0}  # by gguf-py; the others are random valid blocks
 
 
 def write_moe(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
-              expert_ffn: int | None = None, expert_types=MOE_EXPERT_TYPES) -> Path:
+              expert_ffn: int | None = None, expert_types=MOE_EXPERT_TYPES, layers: int = N_LAYERS,
+              experts: int | None = None) -> Path:
     """A 2-layer MoE model (a key of MOE) at `path`; `expert_ffn` overrides the expert width,
-    `expert_types` the types (as MOE_EXPERT_TYPES)."""
-    m = {**MOE[name], **({"expert_ffn": expert_ffn} if expert_ffn else {})}
+    `expert_types` the types (as MOE_EXPERT_TYPES, by layer, the last repeated), `layers` and
+    `experts` the counts (scripts/bench_moe.py writes a larger one)."""
+    m = {**MOE[name], **({"expert_ffn": expert_ffn} if expert_ffn else {}),
+         **({"experts": experts} if experts else {})}
     arch = "llama" if name == "mixtral" else name
+    if name == "gpt-oss" and expert_types is MOE_EXPERT_TYPES:
+        expert_types = GPT_OSS_EXPERT_TYPES
     h, heads, kv_heads, head_dim = 256, 4, 2, 64
+    if name == "gpt-oss":  # its attention is wider than its hidden size (64 heads of 64 in 2880)
+        heads = 8
     vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(name)
     w.add_context_length(512)
-    w.add_block_count(N_LAYERS)
+    w.add_block_count(layers)
     w.add_embedding_length(h)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
@@ -191,10 +203,21 @@ def write_moe(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Gene
         w.add_value_length(head_dim)
     if name == "qwen2moe":
         w.add_expert_shared_feed_forward_length(m["shared_ffn"])
+    if name == "gpt-oss":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_sliding_window(m["sliding_window"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_orig_ctx_len(128)
     for key, value, vtype, sub in tokenizer:
         w.add_key_value(key, value, vtype, sub_type=sub)
 
     def quantized(tensor_name, shape, qtype=T.Q8_0):
+        if qtype in (T.F16, T.F32):  # a float stack, as an unquantized file holds it
+            weights = rng.normal(0, shape[-1] ** -0.5, shape)
+            w.add_tensor(tensor_name, weights.astype(np.float16 if qtype == T.F16 else np.float32))
+            return
         if qtype in QUANTIZABLE:
             weights = rng.normal(0, shape[-1] ** -0.5, shape).astype(np.float32)
             data = gguf.quants.quantize(weights, qtype)
@@ -208,9 +231,9 @@ def write_moe(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Gene
 
     e, ffn = m["experts"], m["expert_ffn"]
     quantized("token_embd.weight", (vocab, h))
-    for i in range(N_LAYERS):
+    for i in range(layers):
         plain(f"blk.{i}.attn_norm.weight", h)
-        plain(f"blk.{i}.ffn_norm.weight", h)
+        plain(f"blk.{i}.{'post_attention_norm' if name == 'gpt-oss' else 'ffn_norm'}.weight", h)
         if name == "qwen3moe":
             plain(f"blk.{i}.attn_q_norm.weight", head_dim)
             plain(f"blk.{i}.attn_k_norm.weight", head_dim)
@@ -218,11 +241,17 @@ def write_moe(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Gene
         quantized(f"blk.{i}.attn_k.weight", (kv_heads * head_dim, h))
         quantized(f"blk.{i}.attn_v.weight", (kv_heads * head_dim, h))
         quantized(f"blk.{i}.attn_output.weight", (h, heads * head_dim))
-        if name == "qwen2moe":
+        if name in ("qwen2moe", "gpt-oss"):
             for proj, n in (("attn_q", heads), ("attn_k", kv_heads), ("attn_v", kv_heads)):
                 plain(f"blk.{i}.{proj}.bias", n * head_dim, around=0.0)
         plain(f"blk.{i}.ffn_gate_inp.weight", (e, h), around=0.0)
-        gate, up, down = expert_types[i]
+        if name == "gpt-oss":
+            plain(f"blk.{i}.attn_output.bias", h, around=0.0)
+            plain(f"blk.{i}.attn_sinks.weight", heads, around=0.0)
+            plain(f"blk.{i}.ffn_gate_inp.bias", e, around=0.0)
+            for proj, n in (("gate", ffn), ("up", ffn), ("down", h)):
+                plain(f"blk.{i}.ffn_{proj}_exps.bias", (e, n), around=0.0)
+        gate, up, down = expert_types[min(i, len(expert_types) - 1)]
         if ffn % 256:
             down = T.Q8_0 if down != T.MXFP4 else down
         quantized(f"blk.{i}.ffn_gate_exps.weight", (e, ffn, h), gate)

@@ -71,7 +71,7 @@ def transformers_tokens(model, tok, prompts=PROMPTS, steps: int = 16):
 def test_vllm_generates_as_transformers_gguf_path(model, request, converted, vllm_python,
                                                   transformers_reference):
     src = request.getfixturevalue(model)
-    result = run_vllm(vllm_python, converted[src.name], eager=model == "gemma", held_bytes=True)
+    result = run_vllm(vllm_python, converted[src.name], held_bytes=True)
     prompt_ids, tokens = transformers_tokens(*transformers_reference(src))
     assert result["prompt_token_ids"] == prompt_ids  # vLLM tokenized with the directory's tokenizer
     assert result["token_ids"] == tokens
@@ -119,26 +119,23 @@ def assert_half_per_rank(out: Path, ranks: list[dict], leaving=()) -> None:
         assert 0.49 * quantized <= rank["planes"] <= 0.51 * quantized, rank
 
 
-def test_tensor_parallel_equals_one_rank_and_transformers(synthetic, vllm_python):
+# (tensor_parallel_size 1 is the real models' test above; each vLLM start costs CI a minute)
+def test_tensor_parallel_generates_as_transformers_with_half_the_weights_per_rank(synthetic, vllm_python):
     out, tokens = synthetic("llama")  # q, k, v in three types: three plane sets, each once
-    one = run_vllm(vllm_python, out, tp=1)
     two = run_vllm(vllm_python, out, tp=2, held_bytes=True)
     assert_half_per_rank(out, two["held_bytes"])
-    assert one["token_ids"] == tokens
     assert two["token_ids"] == tokens
 
 
 def test_fused_qkv_and_gate_up_of_the_file_split_exactly_at_any_tensor_parallel_size(synthetic,
                                                                                      vllm_python):
     """phi3 holds q, k and v in one tensor (attn_qkv) and gate and up in one (ffn_up): each
-    rank must take its rows of each part, not one contiguous slice of the fused rows."""
+    rank must take its rows of each part, not one contiguous slice of the fused rows (the
+    tokens were wrong at TP 2 when it did), and hold them once. At TP 1 (each shard whole) it
+    passed too when written (2026-12-01); CI runs TP 2, where the split matters."""
     out, tokens = synthetic("phi3")
-    one = run_vllm(vllm_python, out, tp=1, held_bytes=True)
     two = run_vllm(vllm_python, out, tp=2, held_bytes=True)
-    (held,) = one["held_bytes"]
-    assert held["planes"] + held["weights"] <= 1.02 * tensor_bytes(out), held
     assert_half_per_rank(out, two["held_bytes"])
-    assert one["token_ids"] == tokens
     assert two["token_ids"] == tokens
 
 
@@ -148,9 +145,9 @@ def stage_reads(stderr: str) -> dict[int, tuple[int, int]]:
     return {int(stage): (int(read), int(total)) for stage, read, total in found}
 
 
-# PP 2 x TP 2 only: PP 2 at TP 1 is the same loader path and passed too (tp=1 here, 2026-12-01),
-# but each compiled start costs CI about 3 minutes
-@pytest.mark.parametrize("tp", [2])
+# PP 2 at TP 1 only: PP 2 x TP 2 (each stage's ranks shard what the stage reads, as at TP 2
+# alone) passed too (tp=2 here, 2026-12-01), but its four ranks cost CI about 3 minutes
+@pytest.mark.parametrize("tp", [1])
 def test_pipeline_parallel_reads_each_stages_layers_only_and_generates_the_same(tp, synthetic,
                                                                                 vllm_python):
     out, tokens = synthetic("llama")

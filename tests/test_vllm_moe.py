@@ -1,17 +1,19 @@
-"""vLLM's own MoE models (Qwen3-MoE, Mixtral) on gguf-repack directories whose expert stacks stay
-quantized (the plugin's fused-MoE method), against transformers: its GGUF path for Qwen3-MoE,
-and for a Mixtral written as llama.cpp writes it, transformers' MixtralForCausalLM on gguf-py's
-dequantization of the file (tests/test_moe.py). A module apart from test_vllm.py so that CI's
-two workers run them side by side."""
+"""vLLM's own MoE models (Qwen3-MoE, Mixtral, gpt-oss) on gguf-repack directories whose expert
+stacks stay quantized (the plugin's fused-MoE method), against transformers: its GGUF path for
+Qwen3-MoE, and for Mixtral and gpt-oss written as llama.cpp writes them, transformers'
+MixtralForCausalLM and GptOssForCausalLM on gguf-py's dequantization of the file
+(tests/test_moe.py)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from hf_models import tokenizer_kvs, write_moe
-from test_moe import mixtral_config, mixtral_reference
+from test_moe import gpt_oss_config, gpt_oss_reference, mixtral_config, mixtral_reference
 from test_vllm import (
     PROMPTS,
     assert_half_per_rank,
@@ -26,11 +28,15 @@ from gguf_repack import convert
 
 pytestmark = pytest.mark.slow  # every test starts vLLM
 # at tensor_parallel_size 2 each rank holds half of every expert's intermediate width (384 of
-# Qwen3-MoE's 768): down's blocks must divide it, so 32-weight blocks for down here
-EXPERT_TYPES = [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)]
-# vLLM's Mixtral builds its token embedding without the quantization config: the plugin hands
-# it dequantized (and says so in the log); float32 here
-HELD_IN_FLOAT = {"mixtral": {"token_embd.weight": 49152 * 256 * 4}, "qwen3moe": {}}
+# Qwen3-MoE's 768, 128 of gpt-oss's 256 here): down's blocks must divide it, so 32-weight
+# blocks for down here
+EXPERT_TYPES = {"qwen3moe": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)],
+                "mixtral": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)],
+                "gpt-oss": [(T.MXFP4, T.MXFP4, T.MXFP4), (T.Q4_K, T.Q8_0, T.Q8_0)]}
+# vLLM's Mixtral builds its token embedding, and gpt-oss its embedding and output projection, without the
+# quantization config: the plugin hands those dequantized (and says so in the log)
+HELD_IN_FLOAT = {"mixtral": ["token_embd.weight"], "qwen3moe": [],
+                 "gpt-oss": ["token_embd.weight", "output.weight"]}
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +48,11 @@ def moe(smollm2, tmp_path_factory):
         if arch not in made:
             root = tmp_path_factory.mktemp(arch)
             src = write_moe(root / f"{arch}.gguf", arch, tokenizer_kvs(smollm2), np.random.default_rng(3),
-                            expert_types=EXPERT_TYPES)
+                            expert_types=EXPERT_TYPES[arch])
             convert(src, root / "out")
-            if arch == "mixtral":  # transformers has no GGUF path for it
-                model = mixtral_reference(src, mixtral_config())
+            if arch in ("mixtral", "gpt-oss"):  # transformers has no GGUF path for them
+                model = (mixtral_reference(src, mixtral_config()) if arch == "mixtral"
+                         else gpt_oss_reference(src, gpt_oss_config()))
                 tok = AutoTokenizer.from_pretrained(root / "out")
             else:
                 model = AutoModelForCausalLM.from_pretrained(root, gguf_file=src.name,
@@ -56,9 +63,14 @@ def moe(smollm2, tmp_path_factory):
     return make
 
 
-# Mixtral at TP 2 only in CI (its TP 1 run passed too, 2026-12-01: the held-bytes check with
-# its float embedding); each vLLM start costs CI over a minute
-@pytest.mark.parametrize("arch, tp", [("qwen3moe", 1), ("qwen3moe", 2), ("mixtral", 2)])
+def float32_bytes(out, names) -> int:
+    records = {t["name"]: t for t in json.loads((out / "manifest.json").read_text())["tensors"]}
+    return sum(4 * int(np.prod(records[name]["shape"])) for name in names)
+
+
+# one tensor-parallel size per model in CI, each vLLM start costing it about a minute: Qwen3-MoE
+# at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01)
+@pytest.mark.parametrize("arch, tp", [("qwen3moe", 1), ("mixtral", 2), ("gpt-oss", 2)])
 def test_moe_model_with_quantized_experts_generates_as_transformers(arch, tp, moe, vllm_python):  # noqa: F811
     out, prompt_ids, tokens = moe(arch)
     result = run_vllm(vllm_python, out, tp=tp, held_bytes=True, max_tokens=8)
@@ -67,7 +79,7 @@ def test_moe_model_with_quantized_experts_generates_as_transformers(arch, tp, mo
     in_float = HELD_IN_FLOAT[arch]
     if tp == 1:  # experts held once, in their planes (a float32 copy would be 4-8x)
         (held,) = result["held_bytes"]
-        limit = 1.02 * tensor_bytes(out, leaving=in_float) + sum(in_float.values())
+        limit = 1.02 * tensor_bytes(out, leaving=in_float) + float32_bytes(out, in_float)
         assert held["planes"] + held["weights"] <= limit, held
     else:  # each rank half of every expert (its rows of gate and up, its blocks of down)
         assert_half_per_rank(out, result["held_bytes"], leaving=in_float)

@@ -33,11 +33,14 @@ def main() -> None:
     if ranks > 1:  # one core per rank, round robin over this machine's cores
         cores = os.cpu_count() or 1
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(ranks)))
+    # the engine in this process, and at one rank the model too: each process vLLM starts
+    # imports it again, about 30 s of CPU here (the ranks of TP/PP > 1 stay processes)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
-              dtype=args.dtype, max_model_len=256,
-              seed=0, enforce_eager=args.eager)
+              dtype=args.dtype, max_model_len=256, seed=0, enforce_eager=args.eager,
+              distributed_executor_backend="uni" if ranks == 1 else None)
     outputs = llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
     result = {"prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
               "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}

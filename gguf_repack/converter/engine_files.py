@@ -73,7 +73,7 @@ def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> li
             what = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             raise EngineFilesSkipped(f"transformers could not describe this {arch!r} model "
                                      f"({what})") from None
-    config = _moe_config(config, gguf)
+    config = _gpt_oss_config(_moe_config(config, gguf), gguf)
     config.architectures = config.architectures or _causal_lm_class(config.model_type)
     config.save_pretrained(out)
     _complete_config(out / "config.json")
@@ -120,6 +120,37 @@ def _moe_config(config, gguf: GGUFFile):
     return config
 
 
+def _gpt_oss_config(config, gguf: GGUFFile):
+    """gpt-oss's config from the file where transformers' GGUF mapping has none: its attention
+    width (key_length: 64 heads of 64 in a 2880 model), its sliding window, its expert width and
+    its yarn rope scaling. transformers cannot read the scaling (it takes a field's first part,
+    which in gguf-py's reader is the key's length), so `transformers_reads` hides those keys from
+    it and they are set here; llama.cpp stores no yarn `truncate`, which is False for gpt-oss."""
+    if config.model_type != "gpt_oss":
+        return config
+    arch = gguf.get("general.architecture")
+    for key, attribute in (("attention.key_length", "head_dim"),
+                           ("attention.sliding_window", "sliding_window"),
+                           ("expert_feed_forward_length", "intermediate_size")):
+        if gguf.get(f"{arch}.{key}"):
+            setattr(config, attribute, gguf.get(f"{arch}.{key}"))
+    theta = float(gguf.get(f"{arch}.rope.freq_base", 150000.0))
+    rope = {"rope_type": "default", "rope_theta": theta}
+    if gguf.get(f"{arch}.rope.scaling.type") == "yarn":
+        original = gguf.get(f"{arch}.rope.scaling.original_context_length")
+        rope = {"rope_type": "yarn", "rope_theta": theta,
+                "factor": float(gguf.get(f"{arch}.rope.scaling.factor")),
+                "original_max_position_embeddings": int(original),
+                "beta_fast": float(gguf.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+                "beta_slow": float(gguf.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+                "truncate": False}
+    elif gguf.get(f"{arch}.rope.scaling.type") not in (None, "none"):
+        raise EngineFilesSkipped(f"gpt-oss with rope scaling {gguf.get(f'{arch}.rope.scaling.type')!r} "
+                                 f"has no transformers config here")
+    config.rope_parameters = rope
+    return config
+
+
 def _causal_lm_class(model_type: str) -> list[str] | None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -144,7 +175,11 @@ class _quiet_transformers:
         self._warnings = warnings.catch_warnings()
         self._warnings.__enter__()
         warnings.simplefilter("ignore")
-        self._logger = logging.getLogger("transformers")
+        from transformers.utils import logging as hf_logging
+
+        # through transformers: on its first use it sets its root logger's level, which would
+        # undo ours
+        self._logger = hf_logging.get_logger("transformers")
         self._level = self._logger.level
         self._logger.setLevel(logging.ERROR)
         return self
@@ -192,7 +227,8 @@ class ReaderView:
     """Enough of gguf-py's `GGUFReader` for transformers' `load_gguf_checkpoint` metadata pass."""
 
     def __init__(self, gguf: GGUFFile):
-        self.fields = {key: _reader_field(kv) for key, kv in gguf.kvs.items()}
+        self.fields = {key: _reader_field(kv) for key, kv in gguf.kvs.items()
+                       if not key.startswith("gpt-oss.rope.scaling.")}  # see _gpt_oss_config
         self.tensors = [SimpleNamespace(name=t.name) for t in gguf.tensors]
 
 

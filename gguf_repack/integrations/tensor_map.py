@@ -32,8 +32,10 @@ SKIPPED = {
 }
 
 
-# transformers' one parameter for an expert stack's gate and up rows (llama.cpp's two tensors)
+# transformers' one parameter for an expert stack's gate and up rows (llama.cpp's two tensors),
+# and gpt-oss's expert biases (gate and up joined there too)
 _JOINED_GATE_UP = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.gate_up_proj"
+_EXPERT_BIAS = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.(?P<proj>gate_up|down)_proj_bias"
 
 
 def skip_reason(gguf_name: str) -> str | None:
@@ -83,6 +85,9 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
                 # the same join where transformers' processor for the architecture has no
                 # fallback (Mixtral, written as llama)
                 fallback = {f"blk.{m['bid']}.ffn_{w}_exps": hf_name for w in ("gate", "up")}
+            if not fallback and (m := re.fullmatch(_EXPERT_BIAS, inner)):
+                fallback = {f"blk.{m['bid']}.ffn_{w}_exps.bias": hf_name
+                            for w in (("gate", "up") if m["proj"] == "gate_up" else ("down",))}
             for gguf_name in fallback:
                 names.setdefault(gguf_name if gguf_name.endswith((".weight", ".bias"))
                                  else gguf_name + ".weight", hf_name)

@@ -65,10 +65,12 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
         module = model.get_submodule(module_name)
-        role = re.search(r"\.ffn_(gate|up|down)_exps\.weight$", gguf_name)
-        if role and len(tensor.shape) == 3:  # an expert stack: placed with its module's others
+        role = re.search(r"\.ffn_(gate|up|down)_exps\.(weight|bias)$", gguf_name)
+        if role and len(tensor.shape) == (3 if role[2] == "weight" else 2):
+            # an expert stack or its biases: placed with its module's others
             if not plain_only:
-                expert_stacks.setdefault(module_name, {})[role[1]] = (
+                key = role[1] + ("_bias" if role[2] == "bias" else "")
+                expert_stacks.setdefault(module_name, {})[key] = (
                     mapping.quantized(gguf_name, tensor) if isinstance(tensor, QTensor)
                     else mapping.plain(gguf_name, tensor, dtype))
         elif not isinstance(tensor, QTensor):
@@ -115,34 +117,64 @@ def _place_quantized(model, module_name, module, param, gguf_name, weight: QTens
     model.set_submodule(module_name, new)
 
 
-def _place_experts(model, module_name: str, stacks: dict[str, QTensor], backend: str) -> None:
-    """An experts module of transformers' MoE models (gate_up_proj, down_proj, act_fn) made a
-    QuantExperts over the file's stacks."""
+def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Tensor],
+                   backend: str) -> None:
+    """An experts module of transformers' MoE models made a QuantExperts over the file's
+    stacks (and their biases, gpt-oss's)."""
     module = model.get_submodule(module_name)
     arch = model.config.model_type
+    kind = type(module).__name__
+    biases = {role.removesuffix("_bias"): stacks.pop(role) for role in list(stacks) if role.endswith("_bias")}
     if set(stacks) != {"gate", "up", "down"}:
         raise FormatError(f"{module_name}: the file has expert stacks {sorted(stacks)}; a "
                           f"{arch} experts module needs gate, up and down")
-    if type(module).__name__ not in EXPERT_MODULES:
-        raise RepackError(f"{arch}: its experts ({module_name}, {type(module).__name__}) cannot run "
-                          f"on quantized stacks yet; {', '.join(sorted(EXPERT_MODULES))} can")
+    if kind not in EXPERT_MODULES:
+        raise RepackError(f"{arch}: its experts ({module_name}, {kind}) cannot run on quantized "
+                          f"stacks yet; {', '.join(sorted(EXPERT_MODULES))} can")
+    if set(biases) not in (set(), {"gate", "up", "down"}) or bool(biases) != EXPERT_MODULES[kind]:
+        raise FormatError(f"{module_name}: the file has expert biases for {sorted(biases) or 'none'}; "
+                          f"{kind} has {'gate, up and down' if EXPERT_MODULES[kind] else 'none'}")
     plain = [isinstance(t, torch.Tensor) for t in stacks.values()]
-    if all(plain):  # float stacks (F16, F32): transformers' own module, gate and up joined
-        joined = torch.cat([stacks["gate"], stacks["up"]], dim=1)
-        module.gate_up_proj = nn.Parameter(joined, requires_grad=False)
-        module.down_proj = nn.Parameter(stacks["down"], requires_grad=False)
+    if all(plain):  # float stacks (F16, F32): transformers' own module, in its layout
+        _fill_float_experts(module, kind, stacks, biases)
     elif any(plain):
         raise RepackError(f"{module_name}: expert stacks partly float, partly quantized are not "
                           f"supported yet")
     else:
         model.set_submodule(module_name, QuantExperts(stacks["gate"], stacks["up"], stacks["down"],
-                                                      module.act_fn, backend=backend))
+                                                      _activation(module), backend=backend, biases=biases))
 
 
-# transformers' experts modules that compute act(x @ gate.T) * (x @ up.T) @ down.T per expert,
-# weighted by the router: what QuantExperts computes. (gpt-oss's adds biases and a clamped,
-# interleaved SwiGLU: not yet.)
-EXPERT_MODULES = {"MixtralExperts", "Qwen2MoeExperts", "Qwen3MoeExperts"}
+# transformers' experts modules that compute act(x @ gate.T + b) * (x @ up.T + b) @ down.T + b per
+# expert, weighted by the router: what QuantExperts computes; whether they have biases
+EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeExperts": False,
+                  "GptOssExperts": True}
+
+
+def _activation(module):
+    """The experts module's own gating, as activation(gate, up), reusing transformers' code:
+    gpt-oss's `_apply_gate` takes gate and up interleaved (its gate_up_proj's column order)."""
+    if type(module).__name__ == "GptOssExperts":
+        apply_gate = module._apply_gate
+        return lambda gate, up: apply_gate(torch.stack([gate, up], dim=-1).flatten(-2))
+    act_fn = module.act_fn
+    return lambda gate, up: act_fn(gate) * up
+
+
+def _fill_float_experts(module, kind: str, stacks: dict[str, torch.Tensor],
+                        biases: dict[str, torch.Tensor]) -> None:
+    """Float expert stacks into transformers' own module: gate and up joined along N (gpt-oss:
+    interleaved, and every stack transposed to (E, in, out))."""
+    if kind == "GptOssExperts":
+        gate_up = torch.stack([stacks["gate"], stacks["up"]], dim=2).flatten(1, 2)  # rows g0 u0 g1 u1
+        module.gate_up_proj = nn.Parameter(gate_up.transpose(1, 2).contiguous(), requires_grad=False)
+        module.down_proj = nn.Parameter(stacks["down"].transpose(1, 2).contiguous(), requires_grad=False)
+        module.gate_up_proj_bias = nn.Parameter(torch.stack([biases["gate"], biases["up"]], dim=2)
+                                                .flatten(1, 2), requires_grad=False)
+        module.down_proj_bias = nn.Parameter(biases["down"], requires_grad=False)
+        return
+    module.gate_up_proj = nn.Parameter(torch.cat([stacks["gate"], stacks["up"]], dim=1), requires_grad=False)
+    module.down_proj = nn.Parameter(stacks["down"], requires_grad=False)
 
 
 def _embed_scale(module) -> torch.Tensor | None:

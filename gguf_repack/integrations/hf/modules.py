@@ -70,26 +70,37 @@ class QuantEmbedding(_HoldsQTensor):
 
 
 class QuantExperts(nn.Module):
-    """transformers' experts module of Mixtral, Qwen2-MoE and Qwen3-MoE, forward(hidden_states
-    (T, hidden), top_k_index (T, k), top_k_weights (T, k)), over quantized expert stacks: gate
-    and up (E, I, hidden), down (E, hidden, I). Gate and up of one GGUF type are held joined
-    along N (transformers' gate_up_proj, exactly: the planes concatenated), one product for
-    both; each token meets only its chosen experts (QTensor.expert_matmul)."""
+    """transformers' experts module of Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss,
+    forward(hidden_states (T, hidden), top_k_index (T, k), top_k_weights (T, k)), over quantized
+    expert stacks: gate and up (E, I, hidden), down (E, hidden, I), and per-expert biases where
+    the model has them (gpt-oss). Gate and up of one GGUF type are held joined along N
+    (transformers' gate_up_proj, exactly: the planes concatenated), one product for both; each
+    token meets only its chosen experts (QTensor.expert_matmul). `activation(gate, up)` is the
+    model's own: act(gate) * up, or gpt-oss's clamped SwiGLU."""
 
-    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, act_fn, backend: str = "auto"):
+    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, activation, backend: str = "auto",
+                 biases: dict[str, torch.Tensor] | None = None):
         super().__init__()
         self.num_experts, self.intermediate_dim, self.hidden_dim = gate.shape
         if up.shape != gate.shape or tuple(down.shape) != (self.num_experts, self.hidden_dim,
                                                            self.intermediate_dim):
             raise ValueError(f"expert stacks do not fit: gate {list(gate.shape)}, up "
                              f"{list(up.shape)}, down {list(down.shape)}")
-        self.act_fn, self.backend = act_fn, backend
+        self.activation, self.backend = activation, backend
         stacks = {"gate_up": join_rows([gate, up])} if gate.qtype is up.qtype else {"gate": gate, "up": up}
         stacks["down"] = down
         self.stacks = {name: (w.qtype, tuple(w.shape)) for name, w in stacks.items()}
         for name, w in stacks.items():
             for field, plane in w.planes.items():
                 self.register_buffer(f"{_PREFIX}{name}_{field}", plane, persistent=False)
+        biases = biases or {}
+        for name, w in (("gate", gate), ("up", up), ("down", down)):
+            bias = biases.get(name)
+            if bias is not None and tuple(bias.shape) != tuple(w.shape[:2]):
+                raise ValueError(f"{name} expert biases {list(bias.shape)} do not fit the stack "
+                                 f"{list(w.shape)}")
+            self.register_parameter(f"{name}_bias", None if bias is None
+                                    else nn.Parameter(bias, requires_grad=False))
 
     def stack(self, name: str) -> QTensor:
         qtype, shape = self.stacks[name]
@@ -105,8 +116,17 @@ class QuantExperts(nn.Module):
         else:
             gate = self.stack("gate").expert_matmul(hidden_states, ids, self.backend)
             up = self.stack("up").expert_matmul(hidden_states, ids, self.backend)
-        down = self.stack("down").expert_matmul(self.act_fn(gate) * up, ids, self.backend)
+        gate, up = self._biased(gate, self.gate_bias, ids), self._biased(up, self.up_bias, ids)
+        down = self.stack("down").expert_matmul(self.activation(gate, up), ids, self.backend)
+        down = self._biased(down, self.down_bias, ids)
         return (down * top_k_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(hidden_states.dtype)
+
+    @staticmethod
+    def _biased(y: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+        """y (T, k, N) plus each slot's expert's bias; another rank's expert (-1) adds none."""
+        if bias is None:
+            return y
+        return y + torch.where(ids[..., None] >= 0, bias[ids.clamp(min=0)], 0).to(y.dtype)
 
     def extra_repr(self) -> str:
         types = ", ".join(f"{name}={qtype.name}" for name, (qtype, _) in self.stacks.items())

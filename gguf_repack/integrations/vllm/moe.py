@@ -5,10 +5,12 @@ Each stack is held as this rank's planes, `rp1_<stack>_<field>` of shape [local 
 K/block, N, count]: `w13` (gate and up joined along N, as vLLM and transformers fuse them, when
 they share a GGUF type; else `w1` and `w3`) and `w2` (down). Tensor parallel: each expert's N
 rows of gate and up, and whole blocks of down's K (the intermediate width), as vLLM splits its
-own; expert parallel: the experts of this rank (vLLM's expert map). The stacks are not routed
-through the model's `load_weights` (whose expert mapping is for float checkpoints): the plugin's
-loader places each one (`place_stack`). The product is `QTensor.expert_matmul`: tokens grouped
-by expert, experts no token chose never read.
+own; expert parallel: the experts of this rank (vLLM's expert map). Expert biases (gpt-oss) are
+float parameters `rp1_bias_<gate|up|down>`, each rank its rows of gate's and up's, down's on
+rank 0 alone (the ranks' partial sums are added). The stacks are not routed through the model's
+`load_weights` (whose expert mapping is for float checkpoints): the plugin's loader places each
+one (`place_stack`, `place_bias`). The product is `QTensor.expert_matmul`: on CPU tokens grouped
+by expert, on CUDA the Triton expert kernels; experts no token chose are never read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.nn import Parameter
+from vllm.model_executor.layers.activation import SwigluOAIAndMul
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
@@ -42,10 +45,26 @@ def _call(stack: QTensor):
     return [stack.planes[f.name] for f in stack.qtype.fields], stack.qtype.name, *stack.shape
 
 
+def _silu_and_mul():
+    return lambda gate, up: F.silu(gate) * up
+
+
+def _swigluoai():
+    """gpt-oss's clamped SwiGLU, vLLM's own (which takes gate and up interleaved); made while
+    the model is built, where vLLM's custom ops may be."""
+    op = SwigluOAIAndMul()
+    return lambda gate, up: op.forward_native(torch.stack([gate, up], dim=-1).flatten(-2))
+
+
+# vLLM's activation name -> a maker of activation(gate, up)
+ACTIVATIONS = {"silu": _silu_and_mul, "swigluoai": _swigluoai}
+BIAS = PLANE + "bias_"
+
+
 class RepackMoEMethod(FusedMoEMethodBase):
-    """Routed experts of gate, up and down stacks of GGUF types `qtypes`, act(x @ gate.T) *
-    (x @ up.T) @ down.T per chosen expert, weighted by the router (SiLU: Mixtral, Qwen2-MoE,
-    Qwen3-MoE)."""
+    """Routed experts of gate, up and down stacks of GGUF types `qtypes`, act(x @ gate.T + b) *
+    (x @ up.T + b) @ down.T + b per chosen expert, weighted by the router: SiLU and mul (Mixtral,
+    Qwen2-MoE, Qwen3-MoE) or gpt-oss's clamped SwiGLU with biases."""
 
     def __init__(self, moe, qtypes: tuple[GGMLType, GGMLType, GGMLType], prefix: str):
         super().__init__(moe)
@@ -54,9 +73,11 @@ class RepackMoEMethod(FusedMoEMethodBase):
     def create_weights(self, layer, num_experts: int, hidden_size: int,
                        intermediate_size_per_partition: int, params_dtype: torch.dtype,
                        **extra_weight_attrs):
-        if not self.moe.is_act_and_mul or layer.activation.value != "silu":
+        if not self.moe.is_act_and_mul or layer.activation.value not in ACTIVATIONS:
             raise ValueError(f"gguf_repack: {self.prefix}: experts with activation "
-                             f"{layer.activation.value!r} are not supported yet (SiLU and mul are)")
+                             f"{layer.activation.value!r} are not supported yet "
+                             f"({', '.join(ACTIVATIONS)} are)")
+        self.activation = ACTIVATIONS[layer.activation.value]()
         gate, up, down = self.qtypes
         inter = intermediate_size_per_partition
         for qtype, k in ((gate, hidden_size), (down, inter)):
@@ -74,19 +95,52 @@ class RepackMoEMethod(FusedMoEMethodBase):
                                     dtype=plane_torch_dtype(field))
                 layer.register_parameter(f"{PLANE}{name}_{field.name}", Parameter(plane, requires_grad=False))
         layer.rp1_loaded = set()
+        if self.moe.has_bias:
+            for role, n in (("gate", inter), ("up", inter), ("down", hidden_size)):
+                bias = torch.zeros(num_experts, n, dtype=torch.float32)
+                layer.register_parameter(BIAS + role, Parameter(bias, requires_grad=False))
 
     def stack(self, layer, name: str) -> QTensor:
         qtype, shape = layer.rp1_stacks[name]
         return QTensor(qtype, shape, {f.name: getattr(layer, f"{PLANE}{name}_{f.name}").data
                                       for f in qtype.fields})
 
+    @staticmethod
+    def _local_experts(layer) -> torch.Tensor | None:
+        """This rank's experts (global ids, in local slot order) under expert parallelism."""
+        expert_map = layer.expert_map  # global expert -> local slot, -1 elsewhere (EP)
+        if expert_map is None:
+            return None
+        local = torch.argsort(expert_map.cpu().masked_fill(expert_map.cpu() < 0, 1 << 30))
+        return local[: int((expert_map >= 0).sum())]
+
+    def place_bias(self, layer, role: str, bias: torch.Tensor) -> None:
+        """This rank's part of the file's `role` expert biases ([E, N]): its experts, its rows
+        of gate's and up's; down's on TP rank 0 only, as the ranks' products are summed."""
+        target = getattr(layer, BIAS + role, None)
+        if target is None:
+            raise ValueError(f"gguf_repack: {self.prefix}: the file has {role} expert biases, "
+                             f"the model's experts layer has none")
+        local = self._local_experts(layer)
+        if local is not None:
+            bias = bias.index_select(0, local)
+        parallel = self.moe.moe_parallel_config
+        if role != "down":
+            rows = target.shape[1]
+            bias = bias[:, parallel.tp_rank * rows:(parallel.tp_rank + 1) * rows]
+        elif parallel.tp_rank != 0:
+            bias = torch.zeros_like(bias)
+        if bias.shape != target.shape:
+            raise ValueError(f"gguf_repack: {self.prefix}: the file's {role} expert biases "
+                             f"{list(bias.shape)} do not fit {list(target.shape)}")
+        target.data.copy_(bias)
+        layer.rp1_loaded.add(role + " biases")
+
     def place_stack(self, layer, role: str, stack: QTensor) -> None:
         """Put this rank's part of the file's whole `role` stack (gate, up or down; [E, N, K])
         into the layer's planes."""
-        expert_map = layer.expert_map  # global expert -> local slot, -1 elsewhere (EP)
-        if expert_map is not None:
-            local = torch.argsort(expert_map.cpu().masked_fill(expert_map.cpu() < 0, 1 << 30))
-            local = local[: int((expert_map >= 0).sum())]
+        local = self._local_experts(layer)
+        if local is not None:
             stack = QTensor(stack.qtype, (len(local), *stack.shape[1:]),
                             {f: p.index_select(0, local) for f, p in stack.planes.items()})
         parallel = self.moe.moe_parallel_config
@@ -109,6 +163,8 @@ class RepackMoEMethod(FusedMoEMethodBase):
 
     def process_weights_after_loading(self, layer) -> None:
         missing = {"gate", "up", "down"} - layer.rp1_loaded
+        if self.moe.has_bias:
+            missing |= {"gate biases", "up biases", "down biases"} - layer.rp1_loaded
         if missing:
             raise ValueError(f"gguf_repack: {self.prefix}: no {', '.join(sorted(missing))} expert "
                              f"stack was loaded")
@@ -128,7 +184,17 @@ class RepackMoEMethod(FusedMoEMethodBase):
         else:
             gate = rp1_expert_matmul(x, ids, *_call(weights["w1"]))
             up = rp1_expert_matmul(x, ids, *_call(weights["w3"]))
-        down = rp1_expert_matmul(F.silu(gate) * up, ids, *_call(weights["w2"]))
+        gate, up = self._biased(layer, "gate", gate, ids), self._biased(layer, "up", up, ids)
+        down = rp1_expert_matmul(self.activation(gate, up), ids, *_call(weights["w2"]))
+        down = self._biased(layer, "down", down, ids)
         if layer.apply_router_weight_on_input:  # the router weights are in x already
             return down.sum(dim=1).to(x.dtype)
         return (down * topk_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(x.dtype)
+
+    @staticmethod
+    def _biased(layer, role: str, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """y (T, k, N) plus each slot's expert's bias; another rank's expert (-1) adds none."""
+        bias = getattr(layer, BIAS + role, None)
+        if bias is None:
+            return y
+        return y + torch.where(ids[..., None] >= 0, bias[ids.clamp(min=0)], 0).to(y.dtype)

@@ -77,6 +77,7 @@ class GgufRepackVllmConfig(QuantizationConfig):
         self.format_version = format_version
         self.directory: Path | None = None
         self._types: dict[str, str] | None = None
+        self._mapper = None
 
     def __repr__(self) -> str:
         return f"GgufRepackVllmConfig(format_version={self.format_version})"
@@ -103,6 +104,11 @@ class GgufRepackVllmConfig(QuantizationConfig):
     def maybe_update_config(self, model_name: str, hf_config=None, revision=None) -> None:
         self.directory = Path(model_name)
 
+    def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
+        """The model's renames of transformers' module names (gpt-oss: `.self_attn.` is
+        `.attn.`), so that a layer's prefix finds the tensors behind it."""
+        self._mapper = hf_to_vllm_mapper
+
     # -- which GGUF tensors a vLLM layer holds --------------------------------------------
     def source_types(self, prefix: str) -> tuple[str, ...]:
         """The GGUF types of the tensors behind the vLLM layer `prefix` (several for a merged
@@ -128,6 +134,8 @@ class GgufRepackVllmConfig(QuantizationConfig):
             repacked = load(self.directory)
             mapping = mapping_for(repacked)
             self._types = {hf: repacked.record(gguf).type for gguf, hf in mapping.names}
+            if self._mapper is not None:
+                self._types.update(self._mapper.apply_dict(self._types))
             self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}
         return self._types
 
@@ -178,8 +186,8 @@ class GgufRepackVllmConfig(QuantizationConfig):
                              f"({', '.join(t.name for t in types)}), which is not supported yet "
                              f"(model {self.directory})")
         if isinstance(layer, VocabParallelEmbedding):
-            return RepackEmbeddingMethod(types)
-        return RepackLinearMethod(types)
+            return RepackEmbeddingMethod(types, prefix)
+        return RepackLinearMethod(types, prefix)
 
 
 def _shard_index(shard_id) -> int:
@@ -205,8 +213,8 @@ class _PlanesMethod(QuantizeMethodBase):
     a shard id; those empty parameters only carry the weight loader that puts the planes in
     place."""
 
-    def __init__(self, qtypes: list[GGMLType]):
-        self.qtypes = qtypes
+    def __init__(self, qtypes: list[GGMLType], prefix: str = ""):
+        self.qtypes, self.prefix = qtypes, prefix
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, **extra_weight_attrs):
@@ -221,6 +229,10 @@ class _PlanesMethod(QuantizeMethodBase):
                              f"tensors behind it")
         # runs of consecutive shards of one type: [(type, rows)], and each shard's (run, offset)
         layer.rp1_shards, layer.rp1_place = [], []
+        # (shard, field) filled so far: a shard the model's load_weights never routed here
+        # fails at process_weights_after_loading instead of leaving zeros
+        layer.rp1_expected = {(i, f.name) for i, qtype in enumerate(qtypes) for f in qtype.fields}
+        layer.rp1_filled = set()
         for qtype, n in zip(qtypes, rows):
             if input_size_per_partition % qtype.block_size:
                 raise ValueError(f"gguf_repack: {input_size_per_partition} input features per rank "
@@ -259,12 +271,19 @@ class _PlanesMethod(QuantizeMethodBase):
             if plane.shape[0] != target.shape[0]:  # row parallel: this rank's blocks
                 plane = plane.narrow(0, layer.tp_rank * target.shape[0], target.shape[0])
             self._copy_rows(layer, target, plane, shard_id)
+            layer.rp1_filled.add((_shard_index(shard_id), field))
         return load
 
     def _copy_rows(self, layer, target, plane, shard_id) -> None:
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer) -> None:
+        missing = sorted(layer.rp1_expected - layer.rp1_filled)
+        if missing:
+            raise ValueError(f"gguf_repack: {self.prefix or type(layer).__name__}: the model's "
+                             f"load_weights placed no planes for shard(s) "
+                             f"{sorted({shard for shard, _ in missing})} (fields "
+                             f"{sorted({f for _, f in missing})}): nothing would be computed with them")
         layer.rp1_weights = [
             QTensor(qtype, (n, layer.rp1_k), {f.name: getattr(layer, f"{PLANE}{i}_{f.name}")
                                               for f in qtype.fields})
@@ -308,6 +327,7 @@ class RepackEmbeddingMethod(_PlanesMethod):
         """The output projection shares the embedding's planes."""
         layer.rp1_shards, layer.rp1_k = embed_tokens.rp1_shards, embed_tokens.rp1_k
         layer.rp1_place = embed_tokens.rp1_place
+        layer.rp1_expected, layer.rp1_filled = embed_tokens.rp1_expected, embed_tokens.rp1_filled
         for name, param in embed_tokens.named_parameters(recurse=False):
             if name.startswith(PLANE):
                 layer.register_parameter(name, param)

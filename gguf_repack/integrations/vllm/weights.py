@@ -31,6 +31,8 @@ from gguf_repack.runtime.qtensor import QTensor
 from .quant import PLANE
 
 logger = init_logger("vllm.gguf_repack")  # under vllm's logger, which vLLM configures
+# an expert stack of the file (placed by the plugin's loader, not the model's load_weights)
+EXPERTS = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|down)_exps\.(?P<kind>weight|bias)")
 
 
 @lru_cache(maxsize=4)
@@ -49,7 +51,7 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """The directory's weights under transformers' names; with `wanted`, only the tensors
     whose name it accepts are read (a pipeline stage's layers). `counts` gets "read" and
-    "tensors". Quantized expert stacks go to `expert_stack(gguf name, stack)`; a quantized
+    "tensors". Quantized expert stacks and expert biases go to `expert_stack(gguf name, stack)`; a quantized
     weight of a module that `in_float` names (one the model builds without the quantization
     config) comes dequantized, as `<module>.weight`."""
     repacked = load(Path(directory))
@@ -61,11 +63,12 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             continue
         counts["read"] += 1
         tensor = repacked[gguf_name]
-        if isinstance(tensor, QTensor) and len(tensor.shape) == 3:
+        if EXPERTS.fullmatch(gguf_name) and (isinstance(tensor, QTensor) or gguf_name.endswith(".bias")):
             if expert_stack is None:
                 raise ValueError(f"gguf_repack: {gguf_name} is an expert stack; iter_weights needs "
                                  f"expert_stack to place it")
-            expert_stack(gguf_name, mapping.quantized(gguf_name, tensor))
+            expert_stack(gguf_name, mapping.quantized(gguf_name, tensor) if isinstance(tensor, QTensor)
+                         else mapping.plain(gguf_name, tensor, torch.float32))
         elif isinstance(tensor, QTensor) and in_float(hf_name.rpartition(".")[0]):
             counts.setdefault("float", []).append(gguf_name)
             yield hf_name, mapping.quantized(gguf_name, tensor).dequantize(torch.float32)
@@ -107,6 +110,29 @@ class RepackAwareModelLoader(DefaultModelLoader):
                            len(counts["float"]), ", ".join(counts["float"]))
 
 
+    def load_weights(self, model, model_config) -> None:
+        # vLLM checks that every parameter came from the checkpoint only for unquantized
+        # models; a model whose load_weights skips names it does not know (gpt-oss's does)
+        # would run on zeros. Check ours too (track_weights_loading below).
+        if model_config.quantization == QUANT_METHOD and self.enable_weights_track is None:
+            self.enable_weights_track = True
+        super().load_weights(model, model_config)
+
+    def track_weights_loading(self, model, loaded_weights, quantized: bool = False) -> None:
+        """vLLM's check, with the parameters the plugin fills itself counted as loaded: the
+        expert stacks (placed by this loader) and the planes behind the carriers that
+        load_weights fills; their methods check those at process_weights_after_loading."""
+        from .moe import RepackMoEMethod
+        from .quant import _PlanesMethod
+
+        if loaded_weights is None:  # a model that does not say what it loaded: nothing to check
+            return
+        placed = {f"{name}.{param}" for name, module in model.named_modules()
+                  if isinstance(getattr(module, "quant_method", None), (RepackMoEMethod, _PlanesMethod))
+                  for param, _ in module.named_parameters(recurse=False) if param.startswith(PLANE)}
+        super().track_weights_loading(model, loaded_weights | placed, quantized)
+
+
 def _checkpoint_names(model, model_type: str) -> Callable[[str], str]:
     """transformers 5 renamed some checkpoint names (Mixtral's `.block_sparse_moe.` is `.mlp.`)
     and reads older checkpoints through its conversion mapping; vLLM's models keep the older
@@ -134,10 +160,17 @@ def _checkpoint_names(model, model_type: str) -> Callable[[str], str]:
 def _held_in_float(model, rename: Callable[[str], str]) -> Callable[[str], bool]:
     """Whether the model's module of that name holds a float weight and no rp1 planes (a layer
     the model builds without the quantization config, as vLLM's Mixtral does its token
-    embedding). Names the model merges (q_proj into qkv_proj) are not modules: False."""
+    embedding and gpt-oss its output projection). The name is found as the model's
+    load_weights finds it: renamed back to the checkpoint's, then by the model's own
+    hf_to_vllm_mapper (gpt-oss: `embed_tokens` is `embedding`). Names the model merges (q_proj
+    into qkv_proj) are not modules: False."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+
     def in_float(name: str) -> bool:
+        param = rename(name + ".weight")
+        param = (mapper._map_name(param) or param) if mapper is not None else param
         try:
-            module = model.get_submodule(rename(name + ".weight").rpartition(".")[0])
+            module = model.get_submodule(param.rpartition(".")[0])
         except AttributeError:
             return False
         params = dict(module.named_parameters(recurse=False))
@@ -155,13 +188,16 @@ def _expert_placer(model) -> Callable[[str, QTensor], None]:
         if isinstance(method, RepackMoEMethod):
             layers[int(re.search(r"layers\.(\d+)\.", method.prefix)[1])] = module
 
-    def place(gguf_name: str, stack: QTensor) -> None:
-        block, role = re.fullmatch(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight", gguf_name).groups()
+    def place(gguf_name: str, stack: QTensor | torch.Tensor) -> None:
+        block, role, kind = EXPERTS.fullmatch(gguf_name).groups()
         if int(block) not in layers:
             raise ValueError(f"gguf_repack: {gguf_name}: the model has no experts layer in "
                              f"decoder layer {block}")
         layer = layers[int(block)]
-        layer.quant_method.place_stack(layer, role, stack)
+        if kind == "bias":
+            layer.quant_method.place_bias(layer, role, stack)
+        else:
+            layer.quant_method.place_stack(layer, role, stack)
     return place
 
 
