@@ -25,13 +25,14 @@ def test_bench_gpu_smoke(tmp_path):
 
 def test_gpu_check_smoke(tmp_path):
     """The prepared GPU check (scripts/gpu_check.py) end to end on CPU: its three parts run and
-    report, the kernels of three types pass (expert products included: a GEMV a pair and
-    one-expert tiles), the small llama's greedy tokens match."""
+    report, the kernels of two types pass (a K-quant and a grid type; every type's kernels are
+    tests/test_kernels.py's; expert products included: a GEMV a pair and one-expert tiles), the
+    small llama's greedy tokens match."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--types",
-                    "Q4_0,Q4_K,IQ2_XXS", "--out", str(tmp_path)], check=True, capture_output=True,
+                    "Q4_K,IQ2_XXS", "--out", str(tmp_path)], check=True, capture_output=True,
                    timeout=900)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert {r["type"] for r in report["kernels"]} == {"Q4_0", "Q4_K", "IQ2_XXS"}
+    assert {r["type"] for r in report["kernels"]} == {"Q4_K", "IQ2_XXS"}
     assert all(r["ok"] for r in report["kernels"]), [r for r in report["kernels"] if not r["ok"]]
     assert {r["family"] for r in report["kernels"]} == {"dequantize", "embedding", "matmul",
                                                         "expert_matmul"}
@@ -47,3 +48,11 @@ def test_bench_hf_runs_on_smollm2(smollm2):
                            "smollm2"], check=True, capture_output=True, text=True, timeout=600)
     assert "| SmolLM2-135M-Instruct.Q4_1.gguf | `load_model(out)` |" in proc.stdout
     assert "(same first token)" in proc.stdout
+
+
+def test_bench_moe_runs_on_a_small_moe(smollm2):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_moe.py"), "--layers", "1",
+                           "--experts", "4", "--prefill", "8", "--decode", "4"],
+                          check=True, capture_output=True, text=True, timeout=600)
+    assert "| `load_model(out)` |" in proc.stdout
+    assert "(same 4 greedy tokens)" in proc.stdout
