@@ -1,8 +1,8 @@
-"""vLLM's own MoE models (Qwen3-MoE, Mixtral, gpt-oss) on gguf-repack directories whose expert
-stacks stay quantized (the plugin's fused-MoE method), against transformers: its GGUF path for
-Qwen3-MoE, and for Mixtral and gpt-oss written as llama.cpp writes them, transformers'
-MixtralForCausalLM and GptOssForCausalLM on gguf-py's dequantization of the file
-(tests/test_moe.py)."""
+"""vLLM's own MoE models (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss) on gguf-repack directories
+whose expert stacks stay quantized (the plugin's fused-MoE method), against transformers: its
+GGUF path for Qwen3-MoE and Qwen2-MoE, and for Mixtral and gpt-oss written as llama.cpp writes
+them, transformers' MixtralForCausalLM and GptOssForCausalLM on gguf-py's dequantization of the
+file (tests/test_moe.py)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ pytestmark = pytest.mark.slow  # every test starts vLLM
 # Qwen3-MoE's 768, 128 of gpt-oss's 256 here): down's blocks must divide it, so 32-weight
 # blocks for down here
 EXPERT_TYPES = {"qwen3moe": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)],
+                "qwen2moe": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)],
                 "mixtral": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)],
                 "gpt-oss": [(T.MXFP4, T.MXFP4, T.MXFP4), (T.Q4_K, T.Q8_0, T.Q8_0)]}
 # vLLM's Mixtral builds its token embedding, and gpt-oss its embedding and output projection, without the
 # quantization config: the plugin hands those dequantized (and says so in the log)
-HELD_IN_FLOAT = {"mixtral": ["token_embd.weight"], "qwen3moe": [],
+HELD_IN_FLOAT = {"mixtral": ["token_embd.weight"], "qwen3moe": [], "qwen2moe": [],
                  "gpt-oss": ["token_embd.weight", "output.weight"]}
 
 
@@ -69,8 +70,9 @@ def float32_bytes(out, names) -> int:
 
 
 # one tensor-parallel size per model in CI, each vLLM start costing it about a minute: Qwen3-MoE
-# at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01)
-@pytest.mark.parametrize("arch, tp", [("qwen3moe", 1), ("mixtral", 2), ("gpt-oss", 2)])
+# at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01). Qwen2-MoE: its
+# shared expert (plain layers and a sigmoid gate) beside the routed ones
+@pytest.mark.parametrize("arch, tp", [("qwen3moe", 1), ("qwen2moe", 1), ("mixtral", 2), ("gpt-oss", 2)])
 def test_moe_model_with_quantized_experts_generates_as_transformers(arch, tp, moe, vllm_python):  # noqa: F811
     out, prompt_ids, tokens = moe(arch)
     result = run_vllm(vllm_python, out, tp=tp, held_bytes=True, max_tokens=8)

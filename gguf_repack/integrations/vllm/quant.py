@@ -143,8 +143,8 @@ class GgufRepackVllmConfig(QuantizationConfig):
         """The GGUF types of the gate, up and down expert stacks behind the vLLM experts layer
         `prefix` (model.layers.N.<anything>.experts: one expert layer per decoder layer)."""
         self._load_types()
-        block = re.search(r"layers\.(\d+)\.", prefix)
-        names = [f"blk.{block[1] if block else '?'}.ffn_{w}_exps.weight" for w in ("gate", "up", "down")]
+        block = decoder_layer(prefix)
+        names = [f"blk.{'?' if block is None else block}.ffn_{w}_exps.weight" for w in ("gate", "up", "down")]
         missing = [n for n in names if n not in self._gguf_types]
         if missing:
             raise ValueError(f"gguf_repack: {prefix}: the directory has no expert stack "
@@ -188,6 +188,12 @@ class GgufRepackVllmConfig(QuantizationConfig):
         if isinstance(layer, VocabParallelEmbedding):
             return RepackEmbeddingMethod(types, prefix)
         return RepackLinearMethod(types, prefix)
+
+
+def decoder_layer(prefix: str) -> int | None:
+    """The decoder layer of a vLLM module prefix (model.layers.N.<...>): GGUF's blk.N."""
+    found = re.search(r"layers\.(\d+)\.", prefix)
+    return int(found[1]) if found else None
 
 
 def _shard_index(shard_id) -> int:

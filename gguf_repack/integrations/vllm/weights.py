@@ -28,7 +28,7 @@ from gguf_repack.integrations.tensor_map import TensorMapping
 from gguf_repack.runtime.loader import RepackedModel, load
 from gguf_repack.runtime.qtensor import QTensor
 
-from .quant import PLANE
+from .quant import PLANE, decoder_layer
 
 logger = init_logger("vllm.gguf_repack")  # under vllm's logger, which vLLM configures
 # an expert stack of the file (placed by the plugin's loader, not the model's load_weights)
@@ -186,7 +186,7 @@ def _expert_placer(model) -> Callable[[str, QTensor], None]:
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if isinstance(method, RepackMoEMethod):
-            layers[int(re.search(r"layers\.(\d+)\.", method.prefix)[1])] = module
+            layers[decoder_layer(method.prefix)] = module
 
     def place(gguf_name: str, stack: QTensor | torch.Tensor) -> None:
         block, role, kind = EXPERTS.fullmatch(gguf_name).groups()
