@@ -118,6 +118,7 @@ def inspect(path, as_json):
         click.echo(f"  file {f['file']}: {f['size']:,} bytes, {f['tensors']} tensors")
     for key, value in info.get("summary", {}).items():
         click.echo(f"  {key} = {value}")
+    click.echo(f"  {info['engines']}")
     if "format" in info:
         click.echo(f"  format {info['format']}, {len(info['shards'])} shard(s), "
                    f"{info['output_bytes']:,} bytes")

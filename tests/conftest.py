@@ -29,12 +29,22 @@ SLOW_FIXTURES = {"real_models", "smollm2", "gemma", "converted", "transformers_r
 
 # Run first: the modules that take longest (minutes each), so that `pytest -n 2 --dist
 # loadfile` (CI) does not start one of them when the other worker is nearly done.
-LONGEST_FIRST = ["test_vllm.py", "test_vllm_moe.py", "test_kernels.py", "test_hf.py",
+LONGEST_FIRST = ["test_vllm.py", "test_vllm_moe.py", "test_architectures.py", "test_kernels.py", "test_hf.py",
                  "test_bench_scripts.py", "test_kernels_ptx.py", "test_moe.py", "test_loader.py",
                  "test_hardening.py"]
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the marks of every collected test
+def pytest_collection_modifyitems(config, items):
+    """Records the architecture-table cells the collected tests are marked with
+    (tests/test_architectures.py holds them against the table), then orders and marks."""
+    config.architecture_cells = {(mark.args[0], arch) for item in items
+                                 for mark in item.iter_markers("architecture") for arch in mark.args[1:]}
+    config.collected_modules = {item.path.name for item in items}
+    _order_and_mark_slow(items)
+
+
+def _order_and_mark_slow(items):
     def rank(item):
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 from ggml_blocks import random_blocks
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
@@ -31,6 +32,23 @@ PROJECTION_TYPES = {"attn_q": T.Q4_0, "attn_k": T.Q5_1, "attn_v": T.Q8_0, "attn_
 # gguf-py cannot quantize to K-quants: these are random valid blocks with small scales
 K_QUANT_TYPES = {"attn_q": T.Q4_K, "attn_output": T.Q5_K, "ffn_down": T.Q6_K}
 N_LAYERS = 2
+KL_MAX = 1e-4  # per position, against transformers' GGUF path
+
+
+def kl_per_position(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    p = torch.log_softmax(ref_logits.double(), -1)
+    q = torch.log_softmax(logits.double(), -1)
+    return (p.exp() * (p - q)).sum(-1)
+
+
+def assert_same_predictions(model, ref_model, ids, steps: int):
+    """KL <= KL_MAX at every position of `ids`, and the same `steps` greedy tokens."""
+    with torch.no_grad():
+        kl = kl_per_position(ref_model(ids).logits[0], model(ids).logits[0])
+        assert kl.max().item() <= KL_MAX, kl
+        ref_tokens = ref_model.generate(ids, max_new_tokens=steps, do_sample=False)
+        tokens = model.generate(ids, max_new_tokens=steps, do_sample=False)
+    assert tokens.tolist() == ref_tokens.tolist()
 
 
 def tokenizer_kvs(source: Path) -> list[tuple]:
@@ -61,6 +79,28 @@ def byte_tokenizer_kvs() -> list[tuple]:
             ("tokenizer.ggml.bos_token_id", 1, V.UINT32, None),
             ("tokenizer.ggml.eos_token_id", 2, V.UINT32, None),
             ("tokenizer.ggml.unknown_token_id", 0, V.UINT32, None)]
+
+
+def bpe_tokenizer_kvs() -> list[tuple]:
+    """A small byte-level BPE tokenizer (GPT-2's kind, llama.cpp's model "gpt2"): the 256 byte
+    symbols, a few merges and their words, as GGUFWriter.add_key_value arguments. Reading
+    SmolLM2's 49k-token one costs transformers' GGUF path about 15 s a model."""
+    # GPT-2's printable stand-ins for the 256 bytes
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    symbols = [chr(b if b in printable else next(extra)) for b in range(256)]
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "Ġ c", "o n", "e r", "Ġ o", "a t", "Ġ f", "r e"]
+    tokens = ["<|endoftext|>", *symbols, *(m.replace(" ", "") for m in merges)]
+    return [("tokenizer.ggml.model", "gpt2", V.STRING, None),
+            ("tokenizer.ggml.pre", "default", V.STRING, None),
+            ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
+            ("tokenizer.ggml.token_type", [3] + [1] * (len(tokens) - 1), V.ARRAY, V.INT32),
+            ("tokenizer.ggml.merges", merges, V.ARRAY, V.STRING),
+            ("tokenizer.ggml.bos_token_id", 0, V.UINT32, None),
+            ("tokenizer.ggml.eos_token_id", 0, V.UINT32, None),
+            # (a config class's default padding id, Phi-3's 32000, would be past this vocabulary)
+            ("tokenizer.ggml.padding_token_id", 0, V.UINT32, None)]
 
 
 def k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hf_models import SHAPES, tokenizer_kvs, write_model
+from hf_models import SHAPES, assert_same_predictions, tokenizer_kvs, write_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from gguf_repack import FormatError, convert
@@ -20,7 +20,6 @@ pytestmark = pytest.mark.slow  # transformers models (real ones, and written her
 
 PROMPT = "The three primary colors are red, yellow and"
 TEXTS = ["Hello world!", "  leading spaces and ünïcödé, 12345", "def f(x):\n\treturn x**2\n", ""]
-KL_MAX = 1e-4
 # keys that say where a config came from rather than what the model is
 PROVENANCE = {"quantization_config", "dtype", "architectures", "transformers_version",
               "_name_or_path", "_model_name_or_path", "torch_dtype"}
@@ -30,21 +29,6 @@ PROVENANCE = {"quantization_config", "dtype", "architectures", "transformers_ver
 def reference(transformers_reference):
     """transformers' GGUF path: src -> (model, tokenizer), once per test run (conftest)."""
     return transformers_reference
-
-
-def kl_per_position(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    p = torch.log_softmax(ref_logits.double(), -1)
-    q = torch.log_softmax(logits.double(), -1)
-    return (p.exp() * (p - q)).sum(-1)
-
-
-def assert_same_predictions(model, ref_model, ids, steps: int):
-    with torch.no_grad():
-        kl = kl_per_position(ref_model(ids).logits[0], model(ids).logits[0])
-        assert kl.max().item() <= KL_MAX, kl
-        ref_tokens = ref_model.generate(ids, max_new_tokens=steps, do_sample=False)
-        tokens = model.generate(ids, max_new_tokens=steps, do_sample=False)
-    assert tokens.tolist() == ref_tokens.tolist()
 
 
 def test_engine_files_are_written_and_load_offline(converted, smollm2):
@@ -88,7 +72,13 @@ def test_config_and_tokenizer_equal_transformers_gguf_ones(model, request, conve
             ref_tok.apply_chat_template(chat, tokenize=False)
 
 
-@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+def _cells(arch: str):
+    """The architecture-table cells a test of this module checks (tests/test_architectures.py)."""
+    return [pytest.mark.architecture("transformers", arch), pytest.mark.architecture("convert", arch)]
+
+
+@pytest.mark.parametrize("model", [pytest.param("smollm2", marks=_cells("llama")),
+                                   pytest.param("gemma", marks=_cells("gemma3"))])
 def test_quantized_model_predicts_as_transformers_gguf_path(model, request, converted, reference):
     src = request.getfixturevalue(model)
     ref_model, ref_tok = reference(src)
@@ -123,7 +113,7 @@ def synthetic_tokenizer(smollm2):
     return tokenizer_kvs(smollm2)
 
 
-@pytest.mark.parametrize("arch", sorted(SHAPES))
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=_cells(a)) for a in sorted(SHAPES)])
 def test_synthetic_architectures_predict_as_transformers_gguf_path(arch, synthetic_tokenizer,
                                                                    tmp_path):
     src = write_model(tmp_path / f"{arch}.gguf", arch, synthetic_tokenizer, np.random.default_rng(7))

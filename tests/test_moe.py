@@ -55,7 +55,12 @@ def assert_experts_stay_quantized(model, out, expert_types=MOE_EXPERT_TYPES):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def _cells(arch: str):
+    """The architecture-table cells a test of this module checks (tests/test_architectures.py)."""
+    return [pytest.mark.architecture("transformers", arch), pytest.mark.architecture("convert", arch)]
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=_cells(a)) for a in ["qwen3moe", "qwen2moe"]])
 def test_qwen_moe_predicts_as_transformers_gguf_path(arch, tokenizer, tmp_path):
     src = write_moe(tmp_path / f"{arch}.gguf", arch, tokenizer, np.random.default_rng(7))
     out = tmp_path / "out"
@@ -190,6 +195,8 @@ def assert_config_is(out, expected, arch_class: str):
 
 
 @pytest.mark.slow
+@pytest.mark.architecture("transformers", "mixtral")
+@pytest.mark.architecture("convert", "mixtral")
 def test_mixtral_written_as_llama_gets_a_mixtral_config_and_predicts_as_mixtral(tokenizer, tmp_path):
     src = write_moe(tmp_path / "mixtral.gguf", "mixtral", tokenizer, np.random.default_rng(7))
     out = tmp_path / "out"
@@ -205,6 +212,8 @@ def test_mixtral_written_as_llama_gets_a_mixtral_config_and_predicts_as_mixtral(
 @pytest.mark.slow
 @pytest.mark.parametrize("expert_types", [GPT_OSS_EXPERT_TYPES, [(T.F16,) * 3, (T.MXFP4,) * 3]],
                          ids=["quantized", "float-layer"])
+@pytest.mark.architecture("transformers", "gpt-oss")
+@pytest.mark.architecture("convert", "gpt-oss")
 def test_gpt_oss_predicts_as_transformers_gpt_oss_on_the_dequantized_file(expert_types, tokenizer, tmp_path):
     """gpt-oss as llama.cpp writes it: MXFP4 experts (layer 1 requantized to K-quants and
     Q8_0), biases on attention, router and experts, attention sinks, yarn rope, every other

@@ -55,6 +55,19 @@ def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, pp: int = 1
     return json.loads(line.removeprefix("RESULT "))
 
 
+def run_vllm_many(python: str, models: list[Path], prompts=PROMPTS, tp: int = 1,
+                  max_tokens: int = 16) -> dict[str, dict]:
+    """run_vllm for several directories, one after another in one vLLM process (one start of
+    vLLM for them all): {directory: result}."""
+    proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), ",".join(map(str, models)),
+                           *prompts, "--tp", str(tp), "--eager", "--max-tokens", str(max_tokens)],
+                          capture_output=True, text=True, timeout=1800, cwd=models[0].parent)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = [json.loads(line.removeprefix("RESULT ")) for line in proc.stdout.splitlines()
+               if line.startswith("RESULT ")]
+    return {r["model"]: r for r in results}
+
+
 def transformers_tokens(model, tok, prompts=PROMPTS, steps: int = 16):
     """Greedy tokens of transformers' GGUF path (float32, every weight dequantized)."""
     prompt_ids, tokens = [], []
@@ -67,7 +80,8 @@ def transformers_tokens(model, tok, prompts=PROMPTS, steps: int = 16):
     return prompt_ids, tokens
 
 
-@pytest.mark.parametrize("model", ["smollm2", "gemma"])
+@pytest.mark.parametrize("model", [pytest.param("smollm2", marks=pytest.mark.architecture("vllm", "llama")),
+                                   pytest.param("gemma", marks=pytest.mark.architecture("vllm", "gemma3"))])
 def test_vllm_generates_as_transformers_gguf_path(model, request, converted, vllm_python,
                                                   transformers_reference):
     src = request.getfixturevalue(model)
@@ -120,6 +134,7 @@ def assert_half_per_rank(out: Path, ranks: list[dict], leaving=()) -> None:
 
 
 # (tensor_parallel_size 1 is the real models' test above; each vLLM start costs CI a minute)
+@pytest.mark.architecture("tp2", "llama")
 def test_tensor_parallel_generates_as_transformers_with_half_the_weights_per_rank(synthetic, vllm_python):
     out, tokens = synthetic("llama")  # q, k, v in three types: three plane sets, each once
     two = run_vllm(vllm_python, out, tp=2, held_bytes=True)
@@ -127,6 +142,7 @@ def test_tensor_parallel_generates_as_transformers_with_half_the_weights_per_ran
     assert two["token_ids"] == tokens
 
 
+@pytest.mark.architecture("tp2", "phi3")
 def test_fused_qkv_and_gate_up_of_the_file_split_exactly_at_any_tensor_parallel_size(synthetic,
                                                                                      vllm_python):
     """phi3 holds q, k and v in one tensor (attn_qkv) and gate and up in one (ffn_up): each

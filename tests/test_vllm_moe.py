@@ -72,7 +72,9 @@ def float32_bytes(out, names) -> int:
 # one tensor-parallel size per model in CI, each vLLM start costing it about a minute: Qwen3-MoE
 # at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01). Qwen2-MoE: its
 # shared expert (plain layers and a sigmoid gate) beside the routed ones
-@pytest.mark.parametrize("arch, tp", [("qwen3moe", 1), ("qwen2moe", 1), ("mixtral", 2), ("gpt-oss", 2)])
+@pytest.mark.parametrize("arch, tp", [
+    pytest.param(arch, tp, marks=pytest.mark.architecture("vllm" if tp == 1 else "tp2", arch))
+    for arch, tp in [("qwen3moe", 1), ("qwen2moe", 1), ("mixtral", 2), ("gpt-oss", 2)]])
 def test_moe_model_with_quantized_experts_generates_as_transformers(arch, tp, moe, vllm_python):  # noqa: F811
     out, prompt_ids, tokens = moe(arch)
     result = run_vllm(vllm_python, out, tp=tp, held_bytes=True, max_tokens=8)

@@ -1,8 +1,9 @@
 """Greedy generation with vLLM (CPU) on a model directory, run by tests/test_vllm.py with the
-vLLM environment's Python: prints one line `RESULT {"prompt_token_ids": [...], "token_ids": [...]}`.
+vLLM environment's Python: prints one line `RESULT {"model": ..., "prompt_token_ids": [...],
+"token_ids": [...]}` per model (several, comma-separated, run one after another).
 
-    python tests/vllm_run.py MODEL_DIR [--tp 1] [--pp 1] [--dtype float32] [--max-tokens 16] [--eager]
-        [--held-bytes] PROMPT...
+    python tests/vllm_run.py MODEL_DIR[,MODEL_DIR...] [--tp 1] [--pp 1] [--dtype float32]
+        [--max-tokens 16] [--eager] [--held-bytes] PROMPT...
 
 With --held-bytes the result also has, per worker, what the loaded model holds: the bytes of
 its parameters and buffers, each storage counted once, by kind ("planes": rp1 planes,
@@ -36,19 +37,28 @@ def main() -> None:
     # the engine in this process, and at one rank the model too: each process vLLM starts
     # imports it again, about 30 s of CPU here (the ranks of TP/PP > 1 stay processes)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import gc
+
     from vllm import LLM, SamplingParams
+    from vllm.distributed import cleanup_dist_env_and_memory
 
-    llm = LLM(model=args.model, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
-              dtype=args.dtype, max_model_len=256, seed=0, enforce_eager=args.eager,
-              distributed_executor_backend="uni" if ranks == 1 else None)
-    outputs = llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
-    result = {"prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
-              "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
-    if args.held_bytes:
-        from gguf_repack.integrations.vllm.memory import held_bytes
+    # several models, one after another in this process (one import of vLLM for all of them)
+    for model in args.model.split(","):
+        llm = LLM(model=model, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
+                  dtype=args.dtype, max_model_len=256, seed=0, enforce_eager=args.eager,
+                  distributed_executor_backend="uni" if ranks == 1 else None)
+        outputs = llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
+        result = {"model": model, "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
+                  "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
+        if args.held_bytes:
+            from gguf_repack.integrations.vllm.memory import held_bytes
 
-        result["held_bytes"] = llm.apply_model(held_bytes)
-    print("RESULT " + json.dumps(result), flush=True)
+            result["held_bytes"] = llm.apply_model(held_bytes)
+        print("RESULT " + json.dumps(result), flush=True)
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
 
 
 if __name__ == "__main__":  # vLLM starts worker processes that import this module again

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from gguf_repack.format.output_dir import OutputDir
 from gguf_repack.format.type_table import TYPES_BY_NAME
+from gguf_repack.integrations.architectures import describe_support
 
-from .reader import StringArray, open_gguf
+from .reader import StringArray, open_gguf, read_gguf_header
 
 _SUMMARY_KEYS = ("general.architecture", "general.name", "general.file_type",
                  "general.quantization_version", "general.alignment")
@@ -34,8 +35,10 @@ def _describe_gguf(path: Path) -> dict:
         else:
             metadata[key] = v
     tensors = [_row(t.name, t.type.name, t.shape, t.nbytes) for _, t in gset.tensors]
+    arch = first.get("general.architecture")
     return {
         "kind": "gguf",
+        "engines": describe_support(arch, first.get(f"{arch}.expert_count") or 0),
         "path": str(path),
         "files": [{"file": str(f.path), "size": f.size, "version": f.version,
                    "tensors": len(f.tensors), "kvs": len(f.kvs)} for f in gset.files],
@@ -51,8 +54,14 @@ def _describe_output(path: Path) -> dict:
     output = OutputDir(path)
     manifest = output.manifest
     tensors = [_row(t.name, t.type, t.shape, t.source["nbytes"], t.layout) for t in output.tensors]
+    source = manifest["sources"][0]  # the first source's key/values, from its stored header
+    header = path / source["header"]["file"]
+    kvs = read_gguf_header(header.read_bytes(), header, source["size"]).kvs
+    arch = kvs["general.architecture"].value if "general.architecture" in kvs else None
+    experts = kvs[f"{arch}.expert_count"].value if f"{arch}.expert_count" in kvs else 0
     return {
         "kind": "gguf-repack output",
+        "engines": describe_support(arch, experts),
         "path": str(path),
         "format": f"{manifest['format']} v{manifest['format_version']}",
         "created_by": manifest.get("created_by"),

@@ -74,6 +74,10 @@ def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> li
             raise EngineFilesSkipped(f"transformers could not describe this {arch!r} model "
                                      f"({what})") from None
     config = _gpt_oss_config(_moe_config(config, gguf), gguf)
+    # llama.cpp computes logits with output.weight wherever the file has one; transformers'
+    # GGUF mapping says "tied" for every Falcon and Bloom file, which an engine that ties
+    # (vLLM) takes at its word and drops the file's output projection
+    config.tie_word_embeddings = "output.weight" not in tensor_names
     config.architectures = config.architectures or _causal_lm_class(config.model_type)
     config.save_pretrained(out)
     _complete_config(out / "config.json")
@@ -158,12 +162,19 @@ def _causal_lm_class(model_type: str) -> list[str] | None:
     return [name] if name else None
 
 
+# keys an original repository's config.json has, and engines read, that transformers' config
+# class does not write: LFM2's widths, which vLLM reads (the hidden size, as llama.cpp has them)
+_ORIGINAL_CONFIG_KEYS = {"lfm2": {"conv_dim": "hidden_size", "block_dim": "hidden_size"}}
+
+
 def _complete_config(path: Path) -> None:
     config = json.loads(path.read_text())
     config["quantization_config"] = quantization_config()
     # llama.cpp computes in float32 and the norms are stored so; without this, transformers'
     # dtype="auto" would take the first float plane it meets (a float16 block scale)
     config["dtype"] = "float32"
+    for key, same_as in _ORIGINAL_CONFIG_KEYS.get(config.get("model_type"), {}).items():
+        config.setdefault(key, config[same_as])
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

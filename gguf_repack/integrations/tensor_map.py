@@ -68,11 +68,14 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
             inner = ".".join(parts[start:])
             base, dot, suffix = processor.preprocess_name(inner).rpartition(".")
             if suffix not in ("weight", "bias"):
-                # a parameter without a suffix (a 3-D expert stack): GGUF names it .weight
-                base, dot, suffix = processor.preprocess_name(inner), ".", "weight"
+                # a parameter without a suffix: GGUF names it without one (Mamba's ssm_a) or,
+                # for a 3-D expert stack, .weight
+                base, dot, suffix = processor.preprocess_name(inner), "", ""
             gguf_name = name_map.get_name(base)
             if gguf_name is not None:
                 names.setdefault(gguf_name + dot + suffix, hf_name)
+                if not suffix:
+                    names.setdefault(gguf_name + ".weight", hf_name)
                 break
         else:
             # transformers' own fallback, for what gguf-py's map cannot say (gate and up
@@ -100,12 +103,22 @@ def _gguf_version() -> str:
     return version("gguf")
 
 
-def row_permutation(processor, name: str, n_rows: int) -> torch.Tensor | None:
+def row_permutation(processor, name: str, n_rows: int, n_cols: int) -> torch.Tensor | None:
     """The row order transformers' processor gives tensor `name` of `n_rows` rows, or None when
     it leaves the rows alone. Raises when the fix is more than a row permutation: that would
     need the weights dequantized."""
     probe = np.arange(n_rows, dtype=np.float64)[:, None]
-    result = processor.process(weights=probe, name=name).weights
+    try:
+        result = processor.process(weights=probe, name=name).weights
+    except ValueError:
+        # a fix that reshapes by the row width (Bloom's fused QKV): the probe at full width,
+        # every column its row's index (float32 holds row indices exactly up to 2**24)
+        full = np.broadcast_to(probe.astype(np.float32), (n_rows, n_cols))
+        result = processor.process(weights=full, name=name).weights
+        if result.shape != full.shape or not (result == result[:, :1]).all():
+            raise RepackError(f"{name}: transformers changes this tensor's values on load, which "
+                              f"a quantized weight cannot follow exactly") from None
+        result = result[:, :1].astype(np.float64)
     rows = np.asarray(result).reshape(-1)
     if np.array_equal(rows, probe[:, 0]):
         return None
@@ -156,9 +169,16 @@ class TensorMapping:
     def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
 
-    def quantized(self, gguf_name: str, weight):
-        """The QTensor as transformers would have it: rows permuted where it permutes them."""
-        rows = row_permutation(self.processor, gguf_name, weight.shape[-2])
+    def quantized(self, gguf_name: str, weight, conv1d: bool = False):
+        """The QTensor as transformers would have it: rows permuted where it permutes them.
+        `conv1d`: the parameter is a transformers Conv1D's, (in, out), which transformers fills
+        with the tensor transposed; the QTensor stays (out, in), as a linear layer holds it."""
+        if conv1d:
+            probe = np.zeros((weight.shape[-2], 1))
+            if self.processor.process(weights=probe, name=gguf_name).weights.shape != probe.T.shape:
+                raise RepackError(f"{gguf_name}: a Conv1D weight that transformers does not transpose")
+            return weight
+        rows = row_permutation(self.processor, gguf_name, weight.shape[-2], weight.shape[-1])
         return weight if rows is None else weight.index_rows(rows)
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gguf_repack.errors import FormatError, RepackError
+from gguf_repack.integrations.architectures import describe_support, support
 from gguf_repack.integrations.tensor_map import TensorMapping, meta_model, without_quantization_config
 from gguf_repack.runtime.loader import RepackedModel, load
 from gguf_repack.runtime.qtensor import QTensor
@@ -33,6 +34,9 @@ def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
 
     out = Path(out)
     repacked = load(out, device, verify=verify)
+    arch = repacked.metadata.get("general.architecture")
+    if support(arch, repacked.metadata.get(f"{arch}.expert_count", 0)) is None:
+        raise RepackError(describe_support(arch))
     if not (out / "config.json").is_file():
         raise FormatError(f"{out}: no config.json (convert it again with the hf extra installed "
                           f"and without --weights-only)")
@@ -76,8 +80,8 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
         elif not isinstance(tensor, QTensor):
             _place_plain(module, param, hf_name, mapping.plain(gguf_name, tensor, dtype))
         elif not plain_only:
-            _place_quantized(model, module_name, module, param, gguf_name,
-                             mapping.quantized(gguf_name, tensor), dtype, backend)
+            weight = mapping.quantized(gguf_name, tensor, conv1d=_is_conv1d(module))
+            _place_quantized(model, module_name, module, param, gguf_name, weight, dtype, backend)
     if plain_only:
         return
     for module_name, stacks in expert_stacks.items():
@@ -103,18 +107,26 @@ def _place_quantized(model, module_name, module, param, gguf_name, weight: QTens
     if param != "weight" or len(weight.shape) != 2:
         raise RepackError(f"{gguf_name}: a quantized {list(weight.shape)} tensor for {module_name}."
                           f"{param} is not supported yet (expert stacks need a MoE module)")
-    if tuple(weight.shape) != tuple(module.weight.shape):
+    # transformers' Conv1D (GPT-2) holds (in, out): the (out, in) weight is a linear layer's
+    expected = tuple(module.weight.shape)[::-1] if _is_conv1d(module) else tuple(module.weight.shape)
+    if tuple(weight.shape) != expected:
         raise FormatError(f"{gguf_name}: shape {list(weight.shape)} does not fit {module_name} "
                           f"{list(module.weight.shape)}")
     if isinstance(module, nn.Embedding):
         new = QuantEmbedding(weight, dtype, scale=_embed_scale(module), backend=backend)
-    elif isinstance(module, nn.Linear):
+    elif isinstance(module, nn.Linear) or _is_conv1d(module):
         bias = module.bias if module.bias is not None and not module.bias.is_meta else None
-        new = QuantLinear(weight, bias, backend=backend)
+        new = QuantLinear(weight, bias, backend=backend, dtype=dtype)
     else:
         raise RepackError(f"{gguf_name}: {module_name} is a {type(module).__name__}, which cannot "
                           f"hold a quantized weight yet")
     model.set_submodule(module_name, new)
+
+
+def _is_conv1d(module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, Conv1D)
 
 
 def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Tensor],
@@ -182,7 +194,8 @@ def _embed_scale(module) -> torch.Tensor | None:
     module was built on the meta device."""
     scale = getattr(module, "embed_scale", None)
     if scale is not None and scale.is_meta:
-        scale = torch.tensor(module.scalar_embed_scale)
+        # (on the CPU explicitly: from_pretrained builds the model under a meta device context)
+        scale = torch.tensor(module.scalar_embed_scale, device="cpu")
     return scale
 
 
@@ -190,7 +203,7 @@ def _tie_output_embeddings(model, backend: str) -> None:
     """A GGUF without output.weight shares the token embedding with the output projection."""
     output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if isinstance(output, nn.Linear) and output.weight.is_meta and isinstance(embedding, QuantEmbedding):
-        model.set_output_embeddings(QuantLinear(embedding.qweight, backend=backend))
+        model.set_output_embeddings(QuantLinear(embedding.qweight, backend=backend, dtype=embedding.dtype))
     # The quantized modules share their planes already; transformers' own tying works on
     # `.weight` parameters, which they do not have.
     params = dict(model.named_parameters(remove_duplicate=False))

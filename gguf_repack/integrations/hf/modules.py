@@ -31,17 +31,25 @@ class QuantLinear(_HoldsQTensor):
     """`nn.Linear` over a quantized weight of shape (out_features, in_features):
     y = x @ W.T (+ bias), accumulated in float32, returned in x's dtype."""
 
-    def __init__(self, weight: QTensor, bias: torch.Tensor | None = None, backend: str = "auto"):
+    def __init__(self, weight: QTensor, bias: torch.Tensor | None = None, backend: str = "auto",
+                 dtype: torch.dtype = torch.float32):
         super().__init__()
         if len(weight.shape) != 2:
             raise ValueError(f"QuantLinear needs a 2-D weight, got {list(weight.shape)}")
         self.out_features, self.in_features = weight.shape
+        self.dtype = dtype
         self._hold(weight, backend)
         self.register_parameter("bias", None if bias is None else nn.Parameter(bias, requires_grad=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.qweight.matmul(x, backend=self.backend)
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight's shape, dtype and device with no data (a meta tensor): models that read
+        `lm_head.weight.dtype` (Mamba) get the compute dtype; any use of its values fails loudly."""
+        return torch.empty(self.weight_shape, dtype=self.dtype, device="meta")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -263,14 +263,19 @@ class _PlanesMethod(QuantizeMethodBase):
             layer.register_parameter(PLANE + name, carrier)
 
     def _loader(self, layer, field: str):
-        def load(carrier: Parameter, plane: torch.Tensor, shard_id=None) -> None:
-            # plane: [K/block, N, count], the whole GGUF tensor behind this shard. Models that
-            # load through AutoWeightsLoader pass the shard id on the tensor instead.
+        def load(carrier: Parameter, rows_first: torch.Tensor, shard_id=None) -> None:
+            # rows_first: [N, K/block, count], the whole GGUF tensor behind this shard, as
+            # iter_weights yields it. Models that load through AutoWeightsLoader pass the
+            # shard id on the tensor instead.
             if shard_id is None:
-                shard_id = getattr(plane, "shard_id", None)
+                shard_id = getattr(rows_first, "shard_id", None)
+            load_plane(carrier, rows_first.transpose(0, 1), shard_id)
+
+        def load_plane(carrier: Parameter, plane: torch.Tensor, shard_id) -> None:
+            # plane: [K/block, N, count]
             if shard_id is None and len(layer.rp1_place) > 1:  # a fused tensor: split by rows
                 for part, start, rows in _fused_shards(layer):
-                    load(carrier, plane.narrow(1, start, rows), part)
+                    load_plane(carrier, plane.narrow(1, start, rows), part)
                 return
             run, offset, rows = layer.rp1_place[_shard_index(shard_id)]
             target = getattr(layer, f"{PLANE}{run}_{field}").data.narrow(1, offset, rows)
@@ -330,7 +335,14 @@ class RepackEmbeddingMethod(_PlanesMethod):
         return rp1_embedding(ids, *_call(weight), layer.compute_dtype)
 
     def tie_weights(self, layer, embed_tokens):
-        """The output projection shares the embedding's planes."""
+        """The output projection shares the embedding's planes; or, where the model built its
+        embedding without the quantization config (Falcon's: held dequantized, logged), that
+        float weight, as vLLM ties unquantized layers."""
+        if not hasattr(embed_tokens, "rp1_shards"):
+            for name in [n for n, _ in layer.named_parameters(recurse=False) if n.startswith(PLANE)]:
+                delattr(layer, name)
+            layer.quant_method = UnquantizedEmbeddingMethod()
+            return layer.quant_method.tie_weights(layer, embed_tokens)
         layer.rp1_shards, layer.rp1_k = embed_tokens.rp1_shards, embed_tokens.rp1_k
         layer.rp1_place = embed_tokens.rp1_place
         layer.rp1_expected, layer.rp1_filled = embed_tokens.rp1_expected, embed_tokens.rp1_filled

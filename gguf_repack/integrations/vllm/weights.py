@@ -74,8 +74,10 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             yield hf_name, mapping.quantized(gguf_name, tensor).dequantize(torch.float32)
         elif isinstance(tensor, QTensor):
             module = hf_name.rpartition(".")[0]
+            # rows first ([N, K/block, count], a view): a model's load_weights that reorders
+            # or splits a fused tensor's rows on dim 0 (Bloom's QKV) does the same to the planes
             for field, plane in mapping.quantized(gguf_name, tensor).planes.items():
-                yield f"{module}.{PLANE}{field}", plane
+                yield f"{module}.{PLANE}{field}", plane.transpose(0, 1)
         else:
             yield hf_name, mapping.plain(gguf_name, tensor, torch.float32)
 

@@ -1,0 +1,88 @@
+"""Which architectures each engine runs from a repacked directory: data that `inspect`, the
+loaders and the README read, and that the tests hold to account.
+
+One row per architecture as llama.cpp writes `general.architecture` (Mixtral is `llama` with
+an expert count there; it has its own row). Each cell is TESTED, and then a test in tests/
+carries `pytest.mark.architecture(arch, column)` and checks it, or the reason it is not
+(tests/test_architectures.py holds the table and the marks to each other, and the README's
+copy of the table to this one). Columns: `convert` (lossless re-tiling, verify, export: the
+format does not depend on the architecture), `transformers` (gguf_repack.hf.load_model against
+transformers' own GGUF path), `vllm` (the plugin, one rank, against the same tokens), `tp2`
+(the plugin at tensor_parallel_size=2).
+"""
+
+from __future__ import annotations
+
+TESTED = "tested"
+COLUMNS = {"convert": "convert", "transformers": "transformers", "vllm": "vLLM", "tp2": "vLLM TP 2"}
+NOT_IN_CI = "passed when written; not in CI (time)"
+NO_MAMBA_KERNEL = "untestable here: vLLM's CPU build has no Mamba scan"
+# vLLM's own LFM2 on a float checkpoint of the same weights gives the plugin's logits, and
+# both differ from transformers' (5.19 and 5.24 alike) at the prompt; checked 2026-12-02
+LFM2_DIFFERS = "fails: vLLM's LFM2 differs from transformers' (float weights too)"
+
+
+def _row(transformers=TESTED, vllm=TESTED, tp2=TESTED, convert=TESTED, note="") -> dict[str, str]:
+    return {"convert": convert, "transformers": transformers, "vllm": vllm, "tp2": tp2, "note": note}
+
+
+ARCHITECTURES: dict[str, dict[str, str]] = {
+    "llama": _row(note="SmolLM2 (real file); synthetic with K-quants for TP 2"),
+    "mistral": _row(note="llama.cpp writes it as `llama` named Mistral"),
+    "mixtral": _row(vllm=NOT_IN_CI, note="`llama` with an expert count; MoE"),
+    "gemma2": _row(),
+    "gemma3": _row(tp2="not run yet", note="Gemma 3 270M (real file)"),
+    "qwen2": _row(),
+    "qwen3": _row(),
+    "phi3": _row(note="q, k, v in one tensor; gate and up in one"),
+    "starcoder2": _row(),
+    "stablelm": _row(),
+    "nemotron": _row(),
+    "falcon": _row(note="q, k, v in one tensor"),
+    "bloom": _row(note="q, k, v in one tensor, rows reordered per head (exact)"),
+    "gpt2": _row(note="Conv1D layers run as linear ones on the (out, in) weight"),
+    "mamba": _row(vllm=NO_MAMBA_KERNEL, tp2=NO_MAMBA_KERNEL,
+                  note="state-space model; its convolution, A and D stay float32, as in the file"),
+    "lfm2": _row(vllm=LFM2_DIFFERS, tp2=LFM2_DIFFERS, note="short convolutions stay float32, as in the file"),
+    "qwen2moe": _row(tp2="not run yet", note="MoE with a shared expert"),
+    "qwen3moe": _row(tp2=NOT_IN_CI, note="MoE"),
+    "gpt-oss": _row(vllm=NOT_IN_CI, note="MoE; expert biases, attention sinks"),
+    "gemma4": _row(transformers="not done yet", vllm="not done yet", tp2="not done yet"),
+    "minimax-m2": _row(transformers="not done: its sigmoid router with a routing bias",
+                       vllm="not done yet", tp2="not done yet", note="MoE"),
+    "deci": _row(transformers="transformers has no class for it (remote code)",
+                 vllm="not done yet", tp2="not done yet"),
+    "t5": _row(transformers="encoder-decoder, not a causal LM",
+               vllm="vLLM has no T5", tp2="vLLM has no T5", note="also umt5"),
+}
+
+
+def support(arch: str, expert_count: int = 0) -> dict[str, str] | None:
+    """The row for a file's `general.architecture` (and expert count: `llama` with experts is
+    Mixtral), or None for an architecture no engine mapping exists for."""
+    if arch == "llama" and expert_count:
+        arch = "mixtral"
+    return ARCHITECTURES.get(arch)
+
+
+def describe_support(arch: str, expert_count: int = 0) -> str:
+    """One line for `inspect`: what each engine does with this architecture."""
+    row = support(arch, expert_count)
+    if row is None:
+        return (f"architecture {arch!r}: no engine mapping exists for it yet (transformers, "
+                f"vLLM); convert, verify and export work (format-level)")
+    cells = "; ".join(f"{title} {row[col]}" for col, title in COLUMNS.items())
+    return f"architecture {arch!r}: {cells}"
+
+
+def markdown_table() -> str:
+    """The README's table."""
+    lines = ["| architecture | " + " | ".join(COLUMNS.values()) + " | |",
+             "| --- | " + " | ".join("---" for _ in COLUMNS) + " | --- |"]
+    for arch, row in ARCHITECTURES.items():
+        lines.append(f"| {arch} | " + " | ".join(row[c] for c in COLUMNS) + f" | {row['note']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -1,0 +1,234 @@
+"""Every architecture that transformers reads from GGUF, through both engines, against the
+table in gguf_repack/integrations/architectures.py (and the README's copy of it).
+
+Each dense architecture is a tiny file written as llama.cpp's converter writes it
+(tests/arch_models.py; qwen2, qwen3 and mistral by tests/hf_models.py), converted, and run:
+transformers (load_model and from_pretrained) against transformers' own GGUF path on the same
+file, and vLLM (every architecture in one process, one after another) against the same
+greedy tokens, at one rank and at two. A cell of the table is "tested" only where a test here
+or elsewhere carries `pytest.mark.architecture(column, arch)`, and every such mark has its cell
+(test_the_table_claims_exactly_the_marked_tests).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from arch_models import DENSE, write_arch
+from gguf import GGMLQuantizationType as T
+from hf_models import (
+    assert_same_predictions,
+    bpe_tokenizer_kvs,
+    byte_tokenizer_kvs,
+    kl_per_position,
+    write_model,
+)
+from test_vllm import run_vllm_many, transformers_tokens, vllm_python  # noqa: F401 (a fixture)
+
+from gguf_repack import RepackError, convert, export, verify
+from gguf_repack.integrations.architectures import ARCHITECTURES, COLUMNS, TESTED, markdown_table
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "The three primary colors are red, yellow and"
+VLLM_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+# written by hf_models (the older synthetic set); the rest by arch_models
+HF_MODELS = ("qwen2", "qwen3", "mistral", "phi3")
+# through vLLM: every dense architecture of the table whose vLLM cell says tested (llama and
+# gemma3 are the real files, tests/test_vllm.py; so are llama and phi3 at TP 2, with what
+# each rank holds)
+VLLM_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS] if ARCHITECTURES[a]["vllm"] == TESTED)
+VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS]
+                        if ARCHITECTURES[a]["tp2"] == TESTED and a != "phi3")
+
+
+def _cells(column: str, archs) -> pytest.MarkDecorator:
+    return pytest.mark.architecture(column, *archs)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """arch -> (source file, output directory, reference source): written and converted once.
+    The reference source is the file transformers' GGUF path reads: the same file, except for
+    mistral, which that path cannot load (it asks gguf-py for a "mistral" name map): the same
+    weights under another name, read as llama, the same function at this length."""
+    cache = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            root = tmp_path_factory.mktemp(arch)
+            tok = byte_tokenizer_kvs() if DENSE.get(arch, {}).get("sentencepiece") else bpe_tokenizer_kvs()
+            if arch in HF_MODELS:
+                src = write_model(root / f"{arch}.gguf", arch, tok, np.random.default_rng(7))
+                ref = src if arch != "mistral" else write_model(
+                    root / "as-llama.gguf", arch, tok, np.random.default_rng(7), general_name="Mistral 7B")
+            else:
+                src = ref = write_arch(root / f"{arch}.gguf", arch, tok, np.random.default_rng(7))
+            convert(src, root / "out")
+            cache[arch] = src, root / "out", ref
+        return cache[arch]
+    return get
+
+
+def transformers_gguf_model(ref: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(ref.parent, gguf_file=ref.name, dtype=torch.float32).eval()
+
+
+def file_tensor_bytes(out: Path) -> int:
+    return sum(t["source"]["nbytes"] for t in json.loads((out / "manifest.json").read_text())["tensors"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=[_cells("transformers", [a]), _cells("convert", [a])])
+                                  for a in sorted(DENSE)])
+def test_dense_architecture_through_transformers(arch, made):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gguf_repack.hf import QuantLinear, load_model
+
+    src, out, ref = made(arch)
+    assert verify(out, against=src).ok
+    ours = load_model(out)
+    assert ours.config.model_type == {"gemma3": "gemma3_text"}.get(arch, arch)
+    ref_model = transformers_gguf_model(ref)
+    ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
+    assert_same_predictions(ours, ref_model, ids, steps=8)
+    with torch.no_grad():  # the registered quantizer gives the same model
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(out)(ids).logits, ours(ids).logits)
+
+    # quantized weights stay quantized: at most 1.2x the file's tensor bytes held (a float32
+    # copy of the Q8_0 embedding alone would be 3.8x it)
+    held = sum(t.numel() * t.element_size() for t in [*ours.parameters(), *ours.buffers()])
+    assert held <= 1.2 * file_tensor_bytes(out), (held, file_tensor_bytes(out))
+    assert any(isinstance(m, QuantLinear) for m in ours.modules())
+
+
+@pytest.mark.slow
+@_cells("vllm", VLLM_ARCHS)
+def test_every_architecture_through_vllm_gives_transformers_tokens(made, vllm_python):  # noqa: F811
+    _vllm_against_transformers(made, vllm_python, VLLM_ARCHS, tp=1)
+
+
+@pytest.mark.slow
+@_cells("tp2", VLLM_TP2_ARCHS)
+def test_every_architecture_through_vllm_at_tensor_parallel_2(made, vllm_python):  # noqa: F811
+    _vllm_against_transformers(made, vllm_python, VLLM_TP2_ARCHS, tp=2)
+
+
+def _vllm_against_transformers(made, python: str, archs, tp: int):
+    from transformers import AutoTokenizer
+
+    outs = {arch: made(arch)[1] for arch in archs}
+    results = run_vllm_many(python, list(outs.values()), prompts=VLLM_PROMPTS, tp=tp, max_tokens=8)
+    wrong = {}
+    for arch, out in outs.items():
+        ref_model = transformers_gguf_model(made(arch)[2])
+        prompt_ids, tokens = transformers_tokens(ref_model, AutoTokenizer.from_pretrained(out),
+                                                 VLLM_PROMPTS, steps=8)
+        got = results[str(out)]
+        if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:
+            wrong[arch] = (got["token_ids"], tokens)
+    assert not wrong, wrong
+
+
+# Format level: convert, verify and export work for any architecture, those without an engine
+# mapping too (a small llama-shaped file under each name: the format does not look at it)
+WITHOUT_ENGINE_TEST = sorted(a for a, row in ARCHITECTURES.items() if row["transformers"] != TESTED)
+OUTSIDE_TRANSFORMERS = ["deepseek2", "command-r", "olmo2"]
+
+
+def write_named(path: Path, arch: str) -> Path:
+    rng = np.random.default_rng(5)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(64)
+    for key, value, vtype, sub in byte_tokenizer_kvs():
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    vocab = len(byte_tokenizer_kvs()[1][1])
+    for name, rows, qtype in (("token_embd.weight", vocab, T.Q8_0), ("blk.0.attn_q.weight", 64, T.Q4_0)):
+        weights = rng.normal(size=(rows, 64)).astype(np.float32)
+        w.add_tensor(name, gguf.quants.quantize(weights, qtype), raw_dtype=qtype)
+    w.add_tensor("blk.0.attn_norm.weight", rng.normal(size=64).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=_cells("convert", [a])) for a in WITHOUT_ENGINE_TEST]
+                         + OUTSIDE_TRANSFORMERS)
+def test_convert_verify_export_are_format_level(arch, tmp_path):
+    src = write_named(tmp_path / "m.gguf", arch)
+    convert(src, tmp_path / "out")
+    assert verify(tmp_path / "out", against=src).ok
+    export(tmp_path / "out", tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("arch", OUTSIDE_TRANSFORMERS)
+def test_load_says_no_engine_mapping_exists_for_the_architecture(arch, tmp_path):
+    from gguf_repack.hf import load_model
+
+    convert(write_named(tmp_path / "m.gguf", arch), tmp_path / "out")
+    with pytest.raises(RepackError, match=f"architecture '{arch}': no engine mapping exists for it yet"):
+        load_model(tmp_path / "out")
+
+
+def test_inspect_names_what_each_engine_does_with_the_architecture(tmp_path, cli):
+    src = write_named(tmp_path / "m.gguf", "olmo2")
+    proc = cli("inspect", src, check_exit=0)
+    assert "architecture 'olmo2': no engine mapping exists for it yet" in proc.stdout
+    convert(write_named(tmp_path / "s.gguf", "starcoder2"), tmp_path / "out")
+    proc = cli("inspect", tmp_path / "out", check_exit=0)
+    assert "architecture 'starcoder2': convert tested; transformers tested; vLLM tested; " \
+           "vLLM TP 2 tested" in proc.stdout
+
+
+def test_the_table_covers_transformers_gguf_mapping():
+    """Every architecture transformers maps from GGUF has a row (by llama.cpp's name)."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    llama_cpp_name = {"gpt_oss": "gpt-oss", "minimax_m2": "minimax-m2", "qwen2_moe": "qwen2moe",
+                      "qwen3_moe": "qwen3moe", "umt5": "t5"}
+    mapped = {llama_cpp_name.get(a, a) for a in GGUF_CONFIG_MAPPING} - {"general", "tokenizer"}
+    assert mapped <= set(ARCHITECTURES), mapped - set(ARCHITECTURES)
+
+
+def test_the_table_claims_exactly_the_marked_tests(request):
+    """A "tested" cell has a test marked with it, and a marked test has its cell "tested".
+    With the whole suite collected (CI, `pytest`), both ways; with part of it, the marks seen."""
+    claimed = {(column, arch) for arch, row in ARCHITECTURES.items() for column in COLUMNS
+               if row[column] == TESTED}
+    marked = request.config.architecture_cells
+    assert marked - claimed == set(), "marked tests whose cell does not say tested"
+    every_module = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    if request.config.collected_modules >= every_module:
+        assert claimed - marked == set(), "cells that say tested with no test marked"
+
+
+def test_the_readme_has_the_table():
+    readme = (ROOT / "README.md").read_text()
+    assert markdown_table() in readme, ("README.md's architecture table differs from "
+                                        "`python -m gguf_repack.integrations.architectures`")
+
+
+def test_every_table_cell_is_tested_or_gives_a_reason():
+    for arch, row in ARCHITECTURES.items():
+        for column in COLUMNS:
+            assert row[column] == TESTED or len(row[column]) > 10, (arch, column)
+    assert re.fullmatch(r"[a-z0-9-]+", "".join(ARCHITECTURES))  # llama.cpp's spelling
+
+
+def test_kl_helper_sees_a_difference():
+    """The comparison the engine tests rest on is not blind."""
+    a = torch.randn(3, 50)
+    assert kl_per_position(a, a).max() == 0
+    assert kl_per_position(a, a + torch.randn(3, 50)).max() > 1e-2
