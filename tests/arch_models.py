@@ -58,13 +58,13 @@ CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")  # GPT-2's Conv1D lay
 FLOAT_NAMES = ("_norm", "position_embd", "ssm_conv1d", "shortconv.conv", "ssm_a", "ssm_d")
 
 
-def hf_config(arch: str, vocab: int):
+def hf_config(arch: str, vocab: int, **overrides):
     from transformers import AutoConfig
 
     model_type = {"gemma3": "gemma3_text"}.get(arch, arch)
     layers_key = {"gpt2": "n_layer", "bloom": "n_layer"}.get(arch, "num_hidden_layers")
     return AutoConfig.for_model(model_type, vocab_size=vocab, **{layers_key: N_LAYERS},
-                                **DENSE[arch]["config"])
+                                **{**DENSE[arch]["config"], **overrides})
 
 
 def gguf_tensors(arch: str, config) -> dict[str, tuple[int, ...]]:
@@ -98,11 +98,14 @@ def gguf_tensors(arch: str, config) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def write_arch(path: Path, arch: str, tokenizer: list[tuple], rng: np.random.Generator) -> Path:
+def write_arch(path: Path, arch: str, tokenizer: list[tuple], rng: np.random.Generator,
+               quantize_also: tuple[str, ...] = (), **overrides) -> Path:
+    """`arch` (a key of DENSE) at `path`; `overrides` change its config, and the tensors named
+    by a part of `quantize_also` are quantized where llama.cpp keeps them float32."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
     vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
-    config = hf_config(arch, vocab)
+    config = hf_config(arch, vocab, **overrides)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(arch)
     for key, attr in GGUF_CONFIG_MAPPING[arch].items():
@@ -121,7 +124,8 @@ def write_arch(path: Path, arch: str, tokenizer: list[tuple], rng: np.random.Gen
     for key, value, vtype, sub in tokenizer:
         w.add_key_value(key, value, vtype, sub_type=sub)
     for name, shape in gguf_tensors(arch, config).items():
-        if len(shape) == 2 and name.endswith(".weight") and not any(s in name for s in FLOAT_NAMES):
+        float_names = [s for s in FLOAT_NAMES if not any(q in s for q in quantize_also)]
+        if len(shape) == 2 and name.endswith(".weight") and not any(s in name for s in float_names):
             kind = next((k for k in TYPE_BY_KIND if k in name), "attn")
             qtype = TYPE_BY_KIND[kind]
             weights = rng.normal(0, shape[-1] ** -0.5, shape).astype(np.float32)

@@ -111,6 +111,29 @@ def test_dense_architecture_through_transformers(arch, made):
 
 
 @pytest.mark.slow
+def test_a_quantized_tensor_of_a_module_that_cannot_take_one_is_held_dequantized_and_said(tmp_path):
+    """A Mamba file whose convolution is quantized (llama.cpp keeps it float32; a file made
+    otherwise may not): that tensor alone is dequantized, with one warning naming it; the rest
+    stays quantized, and the model computes as transformers' GGUF path does."""
+    from transformers import AutoTokenizer
+
+    from gguf_repack.hf import load_model
+
+    src = write_arch(tmp_path / "m.gguf", "mamba", bpe_tokenizer_kvs(), np.random.default_rng(7),
+                     quantize_also=("ssm_conv1d",), conv_kernel=32)
+    assert {t.tensor_type for t in gguf.GGUFReader(src).tensors if "ssm_conv1d.weight" in t.name} == {T.Q8_0}
+    convert(src, tmp_path / "out")
+    with pytest.warns(UserWarning, match=r"2 quantized tensors are held dequantized.*"
+                                         r"blk\.0\.ssm_conv1d\.weight \(Conv1d\)") as caught:
+        ours = load_model(tmp_path / "out")
+    assert len([w for w in caught if "gguf_repack" in str(w.message)]) == 1
+    ids = AutoTokenizer.from_pretrained(tmp_path / "out")(PROMPT, return_tensors="pt").input_ids
+    assert_same_predictions(ours, transformers_gguf_model(src), ids, steps=8)
+    held = sum(t.numel() * t.element_size() for t in [*ours.parameters(), *ours.buffers()])
+    assert held <= 1.2 * file_tensor_bytes(tmp_path / "out")
+
+
+@pytest.mark.slow
 @_cells("vllm", VLLM_ARCHS)
 def test_every_architecture_through_vllm_gives_transformers_tokens(made, vllm_python):  # noqa: F811
     _vllm_against_transformers(made, vllm_python, VLLM_ARCHS, tp=1)

@@ -3,7 +3,7 @@ loaders and the README read, and that the tests hold to account.
 
 One row per architecture as llama.cpp writes `general.architecture` (Mixtral is `llama` with
 an expert count there; it has its own row). Each cell is TESTED, and then a test in tests/
-carries `pytest.mark.architecture(arch, column)` and checks it, or the reason it is not
+carries `pytest.mark.architecture(column, arch)` and checks it, or the reason it is not
 (tests/test_architectures.py holds the table and the marks to each other, and the README's
 copy of the table to this one). Columns: `convert` (lossless re-tiling, verify, export: the
 format does not depend on the architecture), `transformers` (gguf_repack.hf.load_model against

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -65,6 +66,7 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
     # as transformers' are: its names come from a fresh meta copy then
     mapping = TensorMapping(meta_model(model.config) if plain_only else model, repacked)
     expert_stacks: dict[str, dict[str, QTensor]] = {}  # experts module -> {gate, up, down}
+    dequantized: list[str] = []
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
@@ -79,11 +81,21 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
                     else mapping.plain(gguf_name, tensor, dtype))
         elif not isinstance(tensor, QTensor):
             _place_plain(module, param, hf_name, mapping.plain(gguf_name, tensor, dtype))
+        elif len(tensor.shape) == 2 and not _computes_on_quantized(module, param):
+            # a module that cannot compute on a quantized weight (a convolution; llama.cpp keeps
+            # those float32, other tools may not): this one tensor dequantized, said below
+            value = mapping.plain(gguf_name, tensor.dequantize(torch.float32), dtype)
+            _place_plain(module, param, hf_name, value)
+            dequantized.append(f"{gguf_name} ({type(module).__name__})")
         elif not plain_only:
             weight = mapping.quantized(gguf_name, tensor, conv1d=_is_conv1d(module))
             _place_quantized(model, module_name, module, param, gguf_name, weight, dtype, backend)
     if plain_only:
         return
+    if dequantized:
+        warnings.warn(f"gguf_repack: {len(dequantized)} quantized tensors are held dequantized, "
+                      f"their modules compute on float weights only: {', '.join(dequantized)}",
+                      stacklevel=3)
     for module_name, stacks in expert_stacks.items():
         _place_experts(model, module_name, stacks, backend)
     _tie_output_embeddings(model, backend)
@@ -121,6 +133,12 @@ def _place_quantized(model, module_name, module, param, gguf_name, weight: QTens
         raise RepackError(f"{gguf_name}: {module_name} is a {type(module).__name__}, which cannot "
                           f"hold a quantized weight yet")
     model.set_submodule(module_name, new)
+
+
+def _computes_on_quantized(module, param: str) -> bool:
+    """Whether `module.param` can be a quantized weight: a linear layer's (transformers'
+    Conv1D is one) or an embedding's."""
+    return param == "weight" and (isinstance(module, (nn.Linear, nn.Embedding)) or _is_conv1d(module))
 
 
 def _is_conv1d(module) -> bool:
