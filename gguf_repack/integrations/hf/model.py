@@ -137,8 +137,9 @@ def _place_quantized(model, module_name, module, param, gguf_name, weight: QTens
 
 def _computes_on_quantized(module, param: str) -> bool:
     """Whether `module.param` can be a quantized weight: a linear layer's (transformers'
-    Conv1D is one) or an embedding's."""
-    return param == "weight" and (isinstance(module, (nn.Linear, nn.Embedding)) or _is_conv1d(module))
+    Conv1D is one) or an embedding's, or one of ours already (a model filled before)."""
+    return param == "weight" and (isinstance(module, (nn.Linear, nn.Embedding, QuantLinear, QuantEmbedding))
+                                  or _is_conv1d(module))
 
 
 def _is_conv1d(module) -> bool:
