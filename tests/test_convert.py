@@ -1,13 +1,17 @@
 """convert -> verify -> export on GGUF files that gguf's GGUFWriter writes."""
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
+import xxhash
 from ggml_blocks import every_type_tensors, write_gguf
 from safetensors import safe_open
 from test_layout import reference_planes
@@ -157,3 +161,49 @@ def test_split_set_converts_and_exports_to_identical_shards(tmp_path, rng):
         assert w.read_bytes() == s.read_bytes()
     with pytest.raises(OutputError, match="split into 3 shards"):
         export(out, tmp_path / "single.gguf")
+
+
+# An output written by manifest version 1 (per-tensor sha256), by gguf-repack at 8aba079 from
+# the GGUF file beside it: it must keep reading, verifying and exporting.
+V1 = Path(__file__).parent / "data" / "manifest-v1"
+
+
+def test_manifest_v2_checksums_each_tensor_with_xxh3(every_type_file, tmp_path):
+    out = tmp_path / "out"
+    convert(every_type_file, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format_version"] == 2
+    data = every_type_file.read_bytes()
+    for record in manifest["tensors"]:
+        src = record["source"]
+        assert "sha256" not in src
+        tensor = data[src["offset"] : src["offset"] + src["nbytes"]]
+        assert src["xxh3_128"] == xxhash.xxh3_128(tensor).hexdigest()
+    assert manifest["sources"][0]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_version_1_output_still_verifies_exports_and_loads(tmp_path):
+    v1 = json.loads((V1 / "every-type-rp1" / "manifest.json").read_text())
+    assert v1["format_version"] == 1 and all("sha256" in t["source"] for t in v1["tensors"])
+    report = verify(V1 / "every-type-rp1", against=V1 / "every-type.gguf")
+    assert report.ok and report.checked == len(v1["tensors"]) + 1, report.mismatches
+    export(V1 / "every-type-rp1", tmp_path / "back.gguf")
+    assert (tmp_path / "back.gguf").read_bytes() == (V1 / "every-type.gguf").read_bytes()
+    from gguf_repack import load
+
+    reader = gguf.GGUFReader(V1 / "every-type.gguf")
+    model = load(V1 / "every-type-rp1")
+    t = next(t for t in reader.tensors if t.name == "blk.0.q4_k.weight")
+    assert torch.equal(model[t.name].dequantize(torch.float32),
+                       torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)))
+
+
+def test_a_damaged_plane_of_a_version_1_output_is_found_by_its_sha256(tmp_path):
+    out = tmp_path / "v1"
+    shutil.copytree(V1 / "every-type-rp1", out)
+    shard = out / "model-00001-of-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x10  # the last byte: a plane of the last tensor
+    shard.write_bytes(bytes(data))
+    report = verify(out)
+    assert len(report.mismatches) == 1 and "checksum mismatch" in report.mismatches[0]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gguf_repack.errors import FormatError, OutputError
-from gguf_repack.format.manifest import sha256_file
+from gguf_repack.format.manifest import TENSOR_CHECKSUMS, sha256_file
 from gguf_repack.format.output_dir import OutputDir
 from gguf_repack.format.safetensors_io import pread_into, pwrite_all
 
@@ -93,7 +93,7 @@ class VerifyReport:
 
 
 def verify(out_dir: str | os.PathLike, against: str | os.PathLike | None = None) -> VerifyReport:
-    """Recompute every tensor's sha256 from its planes, and the headers' sha256; with
+    """Recompute every tensor's checksum from its planes, and the headers' sha256; with
     `against`, also compare every rebuilt tensor and header with that GGUF model's bytes.
 
     Returns a report; raises RepackError only when the input cannot be read at all."""
@@ -137,7 +137,12 @@ def _verify_header(od: OutputDir, i: int, source: dict, source_set, report: Veri
 
 def _verify_tensor(od: OutputDir, t, by_name: dict, fds: list[int], report: VerifyReport) -> None:
     report.checked += 1
-    h = hashlib.sha256()
+    try:
+        algorithm, expected = t.checksum()
+    except FormatError as e:
+        report.mismatches.append(f"{t.name}: {e}")
+        return
+    h = TENSOR_CHECKSUMS[algorithm]()
     src = by_name.get(t.name) if by_name else None
     if by_name and src is None:
         report.mismatches.append(f"{t.name}: not in the source model")
@@ -156,7 +161,7 @@ def _verify_tensor(od: OutputDir, t, by_name: dict, fds: list[int], report: Veri
     except FormatError as e:
         report.mismatches.append(f"{t.name}: unreadable ({e})")
         return
-    if h.hexdigest() != t.source["sha256"]:
+    if h.hexdigest() != expected:
         report.mismatches.append(f"{t.name}: checksum mismatch (planes damaged)")
     elif differs:
         report.mismatches.append(f"{t.name}: differs from the source file's bytes")
