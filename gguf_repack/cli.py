@@ -78,8 +78,12 @@ def main():
     """Re-tile GGUF models, losslessly, into a planar layout for batched GPU inference."""
 
 
+_REVISION = click.option("--revision", default=None, metavar="REV",
+                         help="Branch, tag or commit of a Hub reference (default: main).")
+
+
 @main.command()
-@click.argument("src", metavar="IN.gguf")
+@click.argument("src", metavar="SOURCE")
 @click.argument("out", metavar="OUT_DIR")
 @click.option("--force", is_flag=True, help="Replace OUT_DIR if it is a previous gguf-repack output.")
 @click.option("--max-shard-size", default="4GB", show_default=True,
@@ -87,33 +91,54 @@ def main():
 @click.option("--weights-only", is_flag=True,
               help="Skip config.json, generation_config.json and the tokenizer files.")
 @click.option("--progress/--no-progress", default=None,
-              help="Progress bar on stderr (default: when stderr is a terminal).")
+              help="Progress bars on stderr (default: when stderr is a terminal).")
+@_REVISION
 @_reports_errors
-def convert(src, out, force, max_shard_size, progress, weights_only):
-    """Convert IN.gguf (or the first shard of a split set) into OUT_DIR, with config.json and
-    tokenizer files for engines (these need the `hf` extra)."""
-    from .converter.writer import convert as run
-
+def convert(src, out, force, max_shard_size, progress, weights_only, revision):
+    """Convert SOURCE into OUT_DIR, with config.json and tokenizer files for engines (these
+    need the `hf` extra). SOURCE is a GGUF file (or the first shard of a split set), a Hub
+    reference (owner/repo:Q4_K_M, owner/repo/path/file.gguf), or a directory: then every
+    model under it goes to OUT_DIR/<name>/, models already converted from the same file are
+    skipped, and the exit code is 1 if any failed."""
     if progress is None:
         progress = sys.stderr.isatty()
-    summary = run(src, out, force=force, max_shard_size=parse_size(max_shard_size),
-                  progress=progress, weights_only=weights_only)
-    click.echo(summary.line())
+    options = dict(force=force, max_shard_size=parse_size(max_shard_size), progress=progress,
+                   weights_only=weights_only)
+    if os.path.isdir(src) and revision is None:
+        from .converter.archive import convert_archive
+
+        summary = convert_archive(src, out, say=click.echo,
+                                  warn=lambda line: click.echo(line, err=True), **options)
+        click.echo(summary.table())
+        sys.exit(1 if summary.failed else 0)
+    from .converter.writer import convert as run
+    from .sources import resolve_source
+
+    source = resolve_source(src, revision, progress=progress)
+    click.echo(run(source.path, out, origins=source.origins, **options).line())
 
 
 @main.command()
 @click.argument("path", metavar="PATH")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+@_REVISION
 @_reports_errors
-def inspect(path, as_json):
-    """Summarize a GGUF file or an output directory: metadata and a tensor table."""
+def inspect(path, as_json, revision):
+    """Summarize a GGUF file (local or a Hub reference) or an output directory: metadata and
+    a tensor table."""
     from .converter.describe import describe
+    from .sources import resolve_source
 
-    info = describe(path)
+    source = resolve_source(path, revision, progress=sys.stderr.isatty())
+    info = describe(source.path)
+    if source.origins:  # a Hub reference; an output directory has its own, from its manifest
+        info["origin"] = source.origins
     if as_json:
         click.echo(json.dumps(info, indent=1, default=str))
         return
     click.echo(f"{info['path']}: {info['kind']}")
+    for origin in info.get("origin") or []:
+        click.echo(f"  from {_origin_line(origin)}")
     for f in info["files"]:
         click.echo(f"  file {f['file']}: {f['size']:,} bytes, {f['tensors']} tensors")
     for key, value in info.get("summary", {}).items():
@@ -132,16 +157,32 @@ def inspect(path, as_json):
         click.echo(f"{t['name']:<{width}}  {t['type']:<8} {shape:<20} {bpw:>7} {t['bytes']:>14,}")
 
 
+def _origin_line(origin: dict) -> str:
+    return f"{origin['hub']}@{origin['revision'][:12]}:{origin['path']} ({origin['endpoint']})"
+
+
 @main.command()
 @click.argument("out", metavar="OUT_DIR")
-@click.option("--against", metavar="IN.gguf", default=None,
-              help="Also compare every tensor with this source file's bytes.")
+@click.option("--against", metavar="SOURCE", default=None,
+              help="Also compare every tensor with this source's bytes (a GGUF file or a Hub "
+                   "reference).")
+@_REVISION
 @_reports_errors
-def verify(out, against):
+def verify(out, against, revision):
     """Recompute checksums from the planes. Exit 0 when all match, 1 when any does not."""
     from .converter.rebuild import verify as run
+    from .format.manifest import read_manifest
+    from .sources import resolve_source
 
-    report = run(out, against=against)
+    for source in read_manifest(out)["sources"]:
+        if source.get("origin"):
+            click.echo(f"{source['file']}: from {_origin_line(source['origin'])}")
+    source = None
+    if against is not None:
+        source = resolve_source(against, revision, progress=sys.stderr.isatty())
+    elif revision is not None:
+        raise RepackError("--revision applies to --against's Hub reference")
+    report = run(out, against=source.path if source else None)
     for line in report.mismatches:
         click.echo(f"mismatch: {line}")
     if not report.ok:
@@ -149,7 +190,7 @@ def verify(out, against):
                    err=True)
         sys.exit(1)
     click.echo(f"verify: ok, {report.checked} checks"
-               + (f", identical to {against}" if against else ""))
+               + (f", identical to {source.label}" if source else ""))
 
 
 @main.command()

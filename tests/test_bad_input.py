@@ -148,7 +148,7 @@ def test_missing_and_non_file_inputs(tmp_path, cli):
     assert_clean_failure(cli("convert", tmp_path / "nope.gguf", tmp_path / "o"), tmp_path, before,
                          "no such file")
     assert_clean_failure(cli("convert", tmp_path, tmp_path / "o"), tmp_path, before,
-                         "is a directory")
+                         "no .gguf files under it")  # a directory is an archive of models
 
 
 def test_existing_output_is_never_overwritten(good, tmp_path, cli):

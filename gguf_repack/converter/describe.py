@@ -67,6 +67,7 @@ def _describe_output(path: Path) -> dict:
         "created_by": manifest.get("created_by"),
         "files": [{"file": s["file"], "size": s["size"], "sha256": s["sha256"],
                    "tensors": s["n_tensors"]} for s in manifest["sources"]],
+        "origin": [s["origin"] for s in manifest["sources"] if s.get("origin")] or None,
         "shards": manifest["shards"],
         "output_bytes": sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
         "types": dict(Counter(t["type"] for t in tensors).most_common()),

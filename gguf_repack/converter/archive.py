@@ -1,0 +1,126 @@
+"""convert of a whole archive: every GGUF model under a directory into OUT_ROOT/<name>/.
+
+A model whose output already exists, complete (it has its manifest), for a source of the same
+sha256 is skipped, so an interrupted run picks up where it stopped. A model that fails is
+reported with its one-line error and the run goes on; the caller exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gguf_repack.errors import OutputError, RepackError
+from gguf_repack.format.manifest import is_output_dir, read_manifest, sha256_file
+from gguf_repack.sources.archive import ArchiveModel, find_models
+
+from .writer import DEFAULT_MAX_SHARD_SIZE, convert
+
+CONVERTED, SKIPPED, FAILED = "converted", "skipped", "failed"
+
+
+@dataclass
+class ModelResult:
+    model: ArchiveModel
+    status: str
+    bytes: int
+    seconds: float
+    detail: str  # the convert summary's first line, why it was skipped, or the error
+
+
+@dataclass
+class ArchiveSummary:
+    root: Path
+    out_root: Path
+    results: list[ModelResult] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[ModelResult]:
+        return [r for r in self.results if r.status == FAILED]
+
+    def table(self) -> str:
+        """The closing table: per outcome, models, source bytes, seconds."""
+        lines = [f"{'':<10} {'models':>6} {'bytes':>16} {'seconds':>9}"]
+        for status in (CONVERTED, SKIPPED, FAILED, None):
+            rows = [r for r in self.results if status is None or r.status == status]
+            label = status or "total"
+            lines.append(f"{label:<10} {len(rows):>6} {sum(r.bytes for r in rows):>16,} "
+                         f"{sum(r.seconds for r in rows):>9.1f}")
+        return "\n".join(lines)
+
+
+def convert_archive(root: str | os.PathLike, out_root: str | os.PathLike, *, force: bool = False,
+                    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, weights_only: bool = False,
+                    progress: bool = False, say: Callable[[str], None] = print,
+                    warn: Callable[[str], None] = print) -> ArchiveSummary:
+    """Convert every model under `root`; `say` gets one line per model (with the run's
+    overall progress), `warn` each failure's `error: ...` line."""
+    root, out_root = Path(root), Path(out_root)
+    if not root.is_dir():
+        raise RepackError(f"{root}: not a directory")
+    if out_root.exists() and not out_root.is_dir():
+        raise OutputError(f"{out_root}: exists and is not a directory")
+    models = find_models(root, skip=out_root if out_root.exists() else None)
+    if not models:
+        raise RepackError(f"{root}: no .gguf files under it")
+    total = sum(m.size for m in models)
+    say(f"{len(models)} model(s), {total / 1e9:.2f} GB under {root} -> {out_root}")
+    summary, done, names = ArchiveSummary(root, out_root), 0, set()
+    for i, model in enumerate(models, 1):
+        t0 = time.perf_counter()
+        size = model.size
+        try:
+            if model.name in names:
+                raise OutputError(f"{model.path}: its output name {model.name!r} is taken by "
+                                  f"another model of the archive")
+            names.add(model.name)
+            status, detail = _convert_one(model, out_root / model.name, force=force,
+                                          max_shard_size=max_shard_size,
+                                          weights_only=weights_only, progress=progress)
+        except (RepackError, OSError) as e:
+            status, detail = FAILED, _error_line(e)
+            warn(f"error: {detail}")
+        result = ModelResult(model, status, size, time.perf_counter() - t0, detail)
+        summary.results.append(result)
+        done += size
+        say(f"[{i}/{len(models)}, {done / max(total, 1):.0%} of bytes] {model.name}: {status} "
+            f"in {result.seconds:.1f} s" + (f" ({detail})" if status == SKIPPED else ""))
+    return summary
+
+
+def _convert_one(model: ArchiveModel, out: Path, **options) -> tuple[str, str]:
+    if out.exists():
+        same = _same_source(model, out)
+        if same:
+            return SKIPPED, "its output exists, converted from a source of the same sha256"
+        if same is None and not options["force"]:
+            raise OutputError(f"{out}: already exists and is not a complete gguf-repack output "
+                              f"(an interrupted run leaves none; remove it)")
+        if not options["force"]:
+            raise OutputError(f"{out}: already exists, converted from a different source "
+                              f"(sha256 differs); --force replaces it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = convert(model.path, out, **options)
+    return CONVERTED, summary.line().splitlines()[0]
+
+
+def _same_source(model: ArchiveModel, out: Path) -> bool | None:
+    """Whether the complete output at `out` was converted from these very files (same names,
+    sizes and sha256); None when `out` is not a complete output."""
+    if not is_output_dir(out):
+        return None
+    sources = read_manifest(out)["sources"]
+    if [(s.get("file"), s.get("size")) for s in sources] != \
+            [(f.name, f.stat().st_size) for f in model.files]:
+        return False
+    return all(sha256_file(f) == s.get("sha256") for f, s in zip(model.files, sources))
+
+
+def _error_line(e: BaseException) -> str:
+    if isinstance(e, RepackError):
+        return str(e)
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return f"{where}{getattr(e, 'strerror', None) or e}"
