@@ -11,6 +11,8 @@ import json
 import os
 import re
 import sys
+import time
+from pathlib import Path
 
 import click
 
@@ -34,11 +36,44 @@ def _reports_errors(fn):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
         except OSError as e:  # disk full, permissions, I/O errors
-            where = f"{e.filename}: " if e.filename else ""
-            _fail(f"{where}{e.strerror or e}")
+            _fail(_os_error(e))
         except KeyboardInterrupt:
             _fail("interrupted", 130)
     return wrapper
+
+
+def _os_error(e: OSError) -> str:
+    return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
+
+
+_REPORT = click.option("--report", "reports", multiple=True, metavar="FILE",
+                       help="Also write a report: FILE.json (schema: gguf_repack/reports/"
+                            "report.schema.json) or FILE.xml (JUnit); repeat for both.")
+
+
+class _Reporting:
+    """--report FILE...: the command's report, written when it ends, however it ends: passed
+    (exit 0), failed (1), or an input it could not read (2: one error case naming it)."""
+
+    def __init__(self, paths, command: str, target):
+        from .reports import Report, check_report_paths
+
+        self.paths = check_report_paths(paths)
+        self.report, self.target = Report(command), str(target)
+
+    def __enter__(self):
+        return self.report
+
+    def __exit__(self, kind, error, tb):
+        from .reports import error_suite
+
+        if self.paths and not isinstance(error, KeyboardInterrupt):
+            if isinstance(error, (RepackError, OSError)):
+                message = str(error) if isinstance(error, RepackError) else _os_error(error)
+                self.report.suites.append(error_suite(self.target, message))
+            for path in self.paths:
+                self.report.write(path)
+        return False
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -93,8 +128,9 @@ _REVISION = click.option("--revision", default=None, metavar="REV",
 @click.option("--progress/--no-progress", default=None,
               help="Progress bars on stderr (default: when stderr is a terminal).")
 @_REVISION
+@_REPORT
 @_reports_errors
-def convert(src, out, force, max_shard_size, progress, weights_only, revision):
+def convert(src, out, force, max_shard_size, progress, weights_only, revision, reports):
     """Convert SOURCE into OUT_DIR, with config.json and tokenizer files for engines (these
     need the `hf` extra). SOURCE is a GGUF file (or the first shard of a split set), a Hub
     reference (owner/repo:Q4_K_M, owner/repo/path/file.gguf), or a directory: then every
@@ -104,18 +140,27 @@ def convert(src, out, force, max_shard_size, progress, weights_only, revision):
         progress = sys.stderr.isatty()
     options = dict(force=force, max_shard_size=parse_size(max_shard_size), progress=progress,
                    weights_only=weights_only)
-    if os.path.isdir(src) and revision is None:
-        from .converter.archive import convert_archive
+    from .reports import error_suite, from_output
 
-        summary = convert_archive(src, out, say=click.echo,
-                                  warn=lambda line: click.echo(line, err=True), **options)
-        click.echo(summary.table())
-        sys.exit(1 if summary.failed else 0)
-    from .converter.writer import convert as run
-    from .sources import resolve_source
+    with _Reporting(reports, "convert", src) as report:
+        if os.path.isdir(src) and revision is None:
+            from .converter.archive import FAILED, convert_archive
 
-    source = resolve_source(src, revision, progress=progress)
-    click.echo(run(source.path, out, origins=source.origins, **options).line())
+            summary = convert_archive(src, out, say=click.echo,
+                                      warn=lambda line: click.echo(line, err=True), **options)
+            for r in summary.results:
+                report.suites.append(
+                    error_suite(str(r.model.path), r.detail) if r.status == FAILED
+                    else from_output(Path(out) / r.model.name, str(r.model.path), r.seconds))
+            click.echo(summary.table())
+            sys.exit(1 if summary.failed else 0)
+        from .converter.writer import convert as run
+        from .sources import resolve_source
+
+        source = resolve_source(src, revision, progress=progress)
+        summary = run(source.path, out, origins=source.origins, **options)
+        report.suites.append(from_output(out, source.label, summary.seconds))
+        click.echo(summary.line())
 
 
 @main.command()
@@ -162,48 +207,117 @@ def _origin_line(origin: dict) -> str:
 
 
 @main.command()
-@click.argument("out", metavar="OUT_DIR")
+@click.argument("paths", metavar="OUT_DIR...", nargs=-1, required=True)
 @click.option("--against", metavar="SOURCE", default=None,
               help="Also compare every tensor with this source's bytes (a GGUF file or a Hub "
-                   "reference).")
+                   "reference; with --recursive, the directory of source models).")
+@click.option("--recursive", "-r", is_flag=True,
+              help="Verify every output directory under each OUT_DIR (as `convert DIR OUT_ROOT` "
+                   "writes them).")
 @_REVISION
+@_REPORT
 @_reports_errors
-def verify(out, against, revision):
-    """Recompute checksums from the planes. Exit 0 when all match, 1 when any does not."""
+def verify(paths, against, recursive, revision, reports):
+    """Recompute checksums from the planes of one or more output directories (a file inside
+    one stands for its directory, as pre-commit passes them). Exit 0 when all match, 1 when
+    any does not, 2 when an output cannot be read."""
+    from .converter.archive import TreeEntry, verify_tree
     from .converter.rebuild import verify as run
-    from .format.manifest import read_manifest
+    from .reports import error_suite, from_verify
     from .sources import resolve_source
 
-    for source in read_manifest(out)["sources"]:
-        if source.get("origin"):
-            click.echo(f"{source['file']}: from {_origin_line(source['origin'])}")
-    source = None
-    if against is not None:
-        source = resolve_source(against, revision, progress=sys.stderr.isatty())
-    elif revision is not None:
+    if (against is not None or revision is not None) and len(paths) > 1:
+        raise RepackError("--against and --revision take one OUT_DIR")
+    if revision is not None and (against is None or recursive):
         raise RepackError("--revision applies to --against's Hub reference")
-    report = run(out, against=source.path if source else None)
-    for line in report.mismatches:
-        click.echo(f"mismatch: {line}")
-    if not report.ok:
-        click.echo(f"verify: {len(report.mismatches)} mismatch(es) in {report.checked} checks",
-                   err=True)
-        sys.exit(1)
-    click.echo(f"verify: ok, {report.checked} checks"
-               + (f", identical to {source.label}" if source else ""))
+    source = None
+    with _Reporting(reports, "verify", paths[0]) as report:
+        if recursive:
+            entries = [e for root in paths for e in verify_tree(root, against)]
+        else:
+            if against is not None:
+                source = resolve_source(against, revision, progress=sys.stderr.isatty())
+            entries = []
+            for out in dict.fromkeys(_output_dir_of(Path(p)) for p in paths):
+                t0 = time.perf_counter()
+                try:
+                    result, error = run(out, against=source.path if source else None), None
+                except RepackError as e:
+                    if len(paths) == 1:
+                        raise  # one output: its error is the command's (exit 2, one line)
+                    result, error = None, str(e)
+                entries.append(TreeEntry(out, source.path if source else None, result, error,
+                                         time.perf_counter() - t0))
+        for e in entries:
+            label = source.label if source else (str(e.source) if e.source else None)
+            report.suites.append(error_suite(str(e.out), e.error) if e.error is not None
+                                 else from_verify(e.report, label, e.seconds))
+        code = _print_verify(entries, many=len(entries) > 1 or recursive,
+                             against=source.label if source else None)
+    sys.exit(code)
+
+
+def _output_dir_of(path: Path) -> Path:
+    """An output directory, or a file inside one (pre-commit passes changed files)."""
+    return path.parent if path.is_file() else path
+
+
+def _print_verify(entries, many: bool, against: str | None) -> int:
+    """What a person reads; the exit code: 2 if any output was unreadable, else 1 if any
+    check failed, else 0."""
+    from .format.manifest import is_output_dir, read_manifest
+
+    for e in entries:
+        where = f"{e.out}: " if many else ""
+        if e.error is not None:
+            click.echo(f"error: {e.error}", err=True)
+            continue
+        if is_output_dir(e.out):
+            for s in read_manifest(e.out)["sources"]:
+                if s.get("origin"):
+                    click.echo(f"{where}{s['file']}: from {_origin_line(s['origin'])}")
+        for line in e.report.mismatches:
+            click.echo(f"mismatch: {where}{line}")
+    failed = [e for e in entries if e.error is None and not e.report.ok]
+    unreadable = [e for e in entries if e.error is not None]
+    checks = sum(e.report.checked for e in entries if e.report)
+    if not many:
+        [e] = entries
+        if unreadable:
+            return 2
+        if failed:
+            click.echo(f"verify: {len(e.report.mismatches)} mismatch(es) in {checks} checks", err=True)
+            return 1
+        click.echo(f"verify: ok, {checks} checks" + (f", identical to {against}" if against else ""))
+        return 0
+    click.echo(f"verify: {len(entries)} output(s): {len(entries) - len(failed) - len(unreadable)} "
+               f"ok, {len(failed)} failed, {len(unreadable)} unreadable; {checks} checks")
+    return 2 if unreadable else 1 if failed else 0
 
 
 @main.command()
 @click.argument("out", metavar="OUT_DIR")
 @click.argument("dest", metavar="BACK.gguf")
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
+@_REPORT
 @_reports_errors
-def export(out, dest, force):
-    """Rebuild the source GGUF file(s), byte for byte, from OUT_DIR."""
+def export(out, dest, force, reports):
+    """Rebuild the source GGUF file(s), byte for byte, from OUT_DIR (each checked against the
+    sha256 its manifest records before it is put in place)."""
     from .converter.rebuild import export as run
+    from .format.manifest import read_manifest
+    from .reports import Case, Suite, source_files
 
-    for path in run(out, dest, force=force):
-        click.echo(f"wrote {path}")
+    with _Reporting(reports, "export", out) as report:
+        t0 = time.perf_counter()
+        written = run(out, dest, force=force)
+        sources = read_manifest(out)["sources"]
+        report.suites.append(Suite(str(out), str(dest), source_files(sources), [
+            Case("file", str(path), checksum={"algorithm": "sha256", "expected": s["sha256"],
+                                              "found": s["sha256"]})
+            for path, s in zip(written, sources)], time.perf_counter() - t0))
+        for path in written:
+            click.echo(f"wrote {path}")
 
 
 @main.command()

@@ -1,4 +1,5 @@
-"""convert of a whole archive: every GGUF model under a directory into OUT_ROOT/<name>/.
+"""Archives: convert every GGUF model under a directory into OUT_ROOT/<name>/, and verify every
+output directory under a root (against the directory of sources).
 
 A model whose output already exists, complete (it has its manifest), for a source of the same
 sha256 is skipped, so an interrupted run picks up where it stopped. A model that fails is
@@ -8,18 +9,22 @@ reported with its one-line error and the run goes on; the caller exits 1 if any 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gguf_repack.errors import OutputError, RepackError
-from gguf_repack.format.manifest import is_output_dir, read_manifest, sha256_file
+from gguf_repack.format.manifest import MANIFEST, is_output_dir, read_manifest, sha256_file
 from gguf_repack.sources.archive import ArchiveModel, find_models
 
+from .rebuild import VerifyReport, verify
 from .writer import DEFAULT_MAX_SHARD_SIZE, convert
 
 CONVERTED, SKIPPED, FAILED = "converted", "skipped", "failed"
+# files only an output directory holds (format/manifest.py names them)
+_OUTPUT_FILE = re.compile(r"^(model-\d{5}-of-\d{5}\.safetensors|gguf-header-\d{5}\.bin)$")
 
 
 @dataclass
@@ -124,3 +129,66 @@ def _error_line(e: BaseException) -> str:
         return str(e)
     where = f"{e.filename}: " if getattr(e, "filename", None) else ""
     return f"{where}{getattr(e, 'strerror', None) or e}"
+
+
+@dataclass
+class TreeEntry:
+    """One output directory of a tree verify: its report, or why it could not be read."""
+
+    out: Path
+    source: Path | None  # the matching source model, with `against`
+    report: VerifyReport | None
+    error: str | None  # unreadable: the one-line error
+    seconds: float
+
+
+def output_dirs(root: Path) -> list[Path]:
+    """Every directory under `root` that holds an output's files (its manifest, or shards and
+    headers left without one: an incomplete output is listed, to be reported, not passed
+    over); hidden directories (a convert's temporaries) aside."""
+    if not root.is_dir():
+        what = "no such directory" if not root.exists() else "not a directory"
+        raise RepackError(f"{root}: {what}")
+    found = []
+    for directory, subdirs, names in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        if any(n == MANIFEST or _OUTPUT_FILE.match(n) for n in names):
+            found.append(Path(directory))
+            subdirs[:] = []  # an output holds no outputs
+    return found
+
+
+def verify_tree(root: str | os.PathLike, against: str | os.PathLike | None = None) -> list[TreeEntry]:
+    """verify every output directory under `root`; with `against` (a directory of GGUF models,
+    the archive `convert DIR OUT_ROOT` read), each against the model of its name, and every
+    model there without an output is a failed entry too."""
+    root = Path(root)
+    outs = output_dirs(root)
+    models = {}
+    if against is not None:
+        against = Path(against)
+        if not against.is_dir():
+            raise RepackError(f"{against}: with --recursive, --against names the directory of "
+                              f"source models")
+        models = {m.name: m for m in find_models(against)}
+    entries = []
+    for out in outs:
+        t0 = time.perf_counter()
+        name = out.relative_to(root).as_posix()
+        model = models.pop(name, None)
+        try:
+            report = verify(out, against=model.path if model else None)
+            if against is not None and model is None:
+                report.problems.append(f"no source model named {name!r} under {against}")
+            entries.append(TreeEntry(out, model.path if model else None, report, None,
+                                     time.perf_counter() - t0))
+        except RepackError as e:
+            entries.append(TreeEntry(out, model.path if model else None, None, str(e),
+                                     time.perf_counter() - t0))
+    for name, model in models.items():  # sources with no output at all
+        report = VerifyReport(root / name, problems=[f"no output for {model.path} (expected at "
+                                                     f"{root / name})"])
+        entries.append(TreeEntry(root / name, model.path, report, None, 0.0))
+    if not entries:
+        raise RepackError(f"{root}: no gguf-repack output directories under it")
+    return entries

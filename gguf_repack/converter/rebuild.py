@@ -15,6 +15,8 @@ from gguf_repack.format.safetensors_io import pread_into, pwrite_all
 
 from .reader import SPLIT_NAME, open_gguf
 
+PASSED, FAILED = "passed", "failed"
+
 
 def export(out_dir: str | os.PathLike, dest: str | os.PathLike, *, force: bool = False) -> list[Path]:
     """Rebuild the source GGUF file(s) from `out_dir` and check their sha256.
@@ -83,9 +85,44 @@ def _write_source(od: OutputDir, i: int, path: Path) -> None:
 
 
 @dataclass
+class Check:
+    """One check of verify: a tensor (its checksum, and its bytes against the source's), or a
+    source file's header. What the machine-readable reports (gguf_repack/reports) list."""
+
+    kind: str  # "tensor" | "header"
+    name: str  # the tensor's GGUF name, or the source file's name
+    status: str = PASSED  # PASSED | FAILED
+    reason: str | None = None  # why it failed, one line
+    type: str | None = None
+    shape: list[int] | None = None
+    algorithm: str | None = None  # of the checksum: xxh3_128 (manifest v2), sha256 (v1, headers)
+    expected: str | None = None  # as the manifest records it
+    found: str | None = None  # as computed now
+
+    def fail(self, reason: str) -> None:
+        self.reason = reason if self.status == PASSED else f"{self.reason}; {reason}"
+        self.status = FAILED
+
+    @property
+    def line(self) -> str:
+        return f"{'header of ' if self.kind == 'header' else ''}{self.name}: {self.reason}"
+
+
+@dataclass
 class VerifyReport:
-    checked: int = 0
-    mismatches: list[str] = field(default_factory=list)  # one line each
+    path: Path | None = None  # the output directory
+    sources: list[dict] = field(default_factory=list)  # the manifest's source records
+    checks: list[Check] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # faults of the whole comparison, one line each
+
+    @property
+    def checked(self) -> int:
+        return len(self.checks)
+
+    @property
+    def mismatches(self) -> list[str]:
+        """One line per failed check, then each problem of the whole comparison."""
+        return [c.line for c in self.checks if c.status == FAILED] + self.problems
 
     @property
     def ok(self) -> bool:
@@ -97,12 +134,12 @@ def verify(out_dir: str | os.PathLike, against: str | os.PathLike | None = None)
     `against`, also compare every rebuilt tensor and header with that GGUF model's bytes.
 
     Returns a report; raises RepackError only when the input cannot be read at all."""
-    report = VerifyReport()
     with OutputDir(out_dir) as od:
+        report = VerifyReport(od.path, od.sources)
         source_set = open_gguf(against) if against is not None else None
         if source_set is not None and len(source_set.files) != len(od.sources):
-            report.mismatches.append(f"{against}: {len(source_set.files)} file(s), the output "
-                                     f"was made from {len(od.sources)}")
+            report.problems.append(f"{against}: {len(source_set.files)} file(s), the output "
+                                   f"was made from {len(od.sources)}")
             source_set = None
         by_name = {}
         if source_set is not None:
@@ -110,45 +147,46 @@ def verify(out_dir: str | os.PathLike, against: str | os.PathLike | None = None)
         fds = [os.open(f.path, os.O_RDONLY) for f in source_set.files] if source_set else []
         try:
             for i, source in enumerate(od.sources):
-                _verify_header(od, i, source, source_set, report)
+                report.checks.append(_verify_header(od, i, source, source_set))
             for t in od.tensors:
-                _verify_tensor(od, t, by_name, fds, report)
+                report.checks.append(_verify_tensor(od, t, by_name, fds))
         finally:
             for fd in fds:
                 os.close(fd)
     return report
 
 
-def _verify_header(od: OutputDir, i: int, source: dict, source_set, report: VerifyReport) -> None:
+def _verify_header(od: OutputDir, i: int, source: dict, source_set) -> Check:
+    check = Check("header", source["file"], algorithm="sha256", expected=source["header"]["sha256"])
     try:
         header = od.header_bytes(i)
     except OSError as e:
-        report.mismatches.append(f"header of {source['file']}: unreadable ({e.strerror})")
-        return
-    report.checked += 1
-    if hashlib.sha256(header).hexdigest() != source["header"]["sha256"]:
-        report.mismatches.append(f"header of {source['file']}: checksum mismatch")
+        check.fail(f"unreadable ({e.strerror})")
+        return check
+    check.found = hashlib.sha256(header).hexdigest()
+    if check.found != check.expected:
+        check.fail("checksum mismatch")
     elif source_set is not None:
         with open(source_set.files[i].path, "rb") as f:
             if f.read(len(header)) != header:
-                report.mismatches.append(f"header of {source['file']}: differs from "
-                                         f"{source_set.files[i].path}")
+                check.fail(f"differs from {source_set.files[i].path}")
+    return check
 
 
-def _verify_tensor(od: OutputDir, t, by_name: dict, fds: list[int], report: VerifyReport) -> None:
-    report.checked += 1
+def _verify_tensor(od: OutputDir, t, by_name: dict, fds: list[int]) -> Check:
+    check = Check("tensor", t.name, type=t.type, shape=list(t.shape))
     try:
-        algorithm, expected = t.checksum()
+        check.algorithm, check.expected = t.checksum()
     except FormatError as e:
-        report.mismatches.append(f"{t.name}: {e}")
-        return
-    h = TENSOR_CHECKSUMS[algorithm]()
+        check.fail(str(e))
+        return check
+    h = TENSOR_CHECKSUMS[check.algorithm]()
     src = by_name.get(t.name) if by_name else None
     if by_name and src is None:
-        report.mismatches.append(f"{t.name}: not in the source model")
+        check.fail("not in the source model")
     elif src is not None and (src[1].type.name != t.type or list(src[1].dims) != t.ggml_dims):
-        report.mismatches.append(f"{t.name}: source has {src[1].type.name} {list(src[1].dims)}, "
-                                 f"output has {t.type} {t.ggml_dims}")
+        check.fail(f"source has {src[1].type.name} {list(src[1].dims)}, output has {t.type} "
+                   f"{t.ggml_dims}")
         src = None
     differs = False
     try:
@@ -159,9 +197,11 @@ def _verify_tensor(od: OutputDir, t, by_name: dict, fds: list[int], report: Veri
                 pread_into(fds[src[0]], ref, src[1].file_offset + off)
                 differs = not (ref == chunk).all()
     except FormatError as e:
-        report.mismatches.append(f"{t.name}: unreadable ({e})")
-        return
-    if h.hexdigest() != expected:
-        report.mismatches.append(f"{t.name}: checksum mismatch (planes damaged)")
+        check.fail(f"unreadable ({e})")
+        return check
+    check.found = h.hexdigest()
+    if check.found != check.expected:
+        check.fail("checksum mismatch (planes damaged)")
     elif differs:
-        report.mismatches.append(f"{t.name}: differs from the source file's bytes")
+        check.fail("differs from the source file's bytes")
+    return check
