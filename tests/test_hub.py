@@ -159,6 +159,10 @@ def test_offline_mode_converts_from_a_warm_cache_and_says_what_is_missing(files,
     assert "no GGUF model" in line and "Tiny-Q4_K_M.gguf" in line  # the cache holds only that one
     line = one_error_line(run(offline, "convert", "other/repo:Q4_K_M", tmp_path / "out3"))
     assert "not in the local cache" in line
+    # not offline, but no Hub answers (this port refuses): one line, not the HTTP client's traceback
+    unreachable = env_for(tmp_path / "cold", None, HF_ENDPOINT="http://127.0.0.1:9")
+    line = one_error_line(run(unreachable, "convert", f"{REPO}:Q4_K_M", tmp_path / "out4"))
+    assert "the Hub could not be read" in line, line
 
 
 def test_the_real_model_by_tag_with_a_dropped_download_resumed(smollm2, tmp_path):

@@ -209,9 +209,11 @@ class _hub_errors:
                        f"(HF_HUB_OFFLINE is set or the Hub is unreachable)")
         elif isinstance(error, errors.EntryNotFoundError):
             message = f"{ref}: a file it lists is missing on the Hub ({_first_line(error)})"
-        elif isinstance(error, (errors.HfHubHTTPError, OSError)) or \
-                type(error).__module__.split(".")[0] in ("httpx", "httpcore", "requests", "urllib3"):
-            message = f"{ref}: the Hub could not be read ({_first_line(error)})"
+        elif isinstance(error, Exception):
+            # HTTP errors, and the HTTP client's own (connection refused, no DNS, timeouts),
+            # whichever library huggingface_hub runs on (requests, httpx, httpx2)
+            message = (f"{ref}: the Hub could not be read ({type(error).__name__}: "
+                       f"{_first_line(error)})")
         else:
             return False
         if ":" not in self.reference:  # owner/repo/file.gguf may have been meant as a local path
