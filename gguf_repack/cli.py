@@ -221,8 +221,7 @@ def verify(paths, against, recursive, revision, reports):
     """Recompute checksums from the planes of one or more output directories (a file inside
     one stands for its directory, as pre-commit passes them). Exit 0 when all match, 1 when
     any does not, 2 when an output cannot be read."""
-    from .converter.archive import TreeEntry, verify_tree
-    from .converter.rebuild import verify as run
+    from .converter.archive import verify_each, verify_tree
     from .reports import error_suite, from_verify
     from .sources import resolve_source
 
@@ -237,17 +236,12 @@ def verify(paths, against, recursive, revision, reports):
         else:
             if against is not None:
                 source = resolve_source(against, revision, progress=sys.stderr.isatty())
-            entries = []
-            for out in dict.fromkeys(_output_dir_of(Path(p)) for p in paths):
-                t0 = time.perf_counter()
-                try:
-                    result, error = run(out, against=source.path if source else None), None
-                except RepackError as e:
-                    if len(paths) == 1:
-                        raise  # one output: its error is the command's (exit 2, one line)
-                    result, error = None, str(e)
-                entries.append(TreeEntry(out, source.path if source else None, result, error,
-                                         time.perf_counter() - t0))
+            entries, elsewhere = verify_each(paths, source.path if source else None)
+            for path in elsewhere:
+                click.echo(f"verify: {path}: not in a gguf-repack output directory, not checked")
+            if not entries:
+                click.echo("verify: no gguf-repack output among the paths given")
+                sys.exit(0)
         for e in entries:
             label = source.label if source else (str(e.source) if e.source else None)
             report.suites.append(error_suite(str(e.out), e.error) if e.error is not None
@@ -257,25 +251,17 @@ def verify(paths, against, recursive, revision, reports):
     sys.exit(code)
 
 
-def _output_dir_of(path: Path) -> Path:
-    """An output directory, or a file inside one (pre-commit passes changed files)."""
-    return path.parent if path.is_file() else path
-
-
 def _print_verify(entries, many: bool, against: str | None) -> int:
     """What a person reads; the exit code: 2 if any output was unreadable, else 1 if any
     check failed, else 0."""
-    from .format.manifest import is_output_dir, read_manifest
-
     for e in entries:
         where = f"{e.out}: " if many else ""
         if e.error is not None:
             click.echo(f"error: {e.error}", err=True)
             continue
-        if is_output_dir(e.out):
-            for s in read_manifest(e.out)["sources"]:
-                if s.get("origin"):
-                    click.echo(f"{where}{s['file']}: from {_origin_line(s['origin'])}")
+        for s in e.report.sources:
+            if s.get("origin"):
+                click.echo(f"{where}{s['file']}: from {_origin_line(s['origin'])}")
         for line in e.report.mismatches:
             click.echo(f"mismatch: {where}{line}")
     failed = [e for e in entries if e.error is None and not e.report.ok]

@@ -54,7 +54,7 @@ def outcome(case) -> str:
 
 
 @pytest.fixture
-def converted(tmp_path) -> tuple[Path, Path]:
+def repacked(tmp_path) -> tuple[Path, Path]:
     src = model(tmp_path / "m.gguf")
     out = tmp_path / "out"
     proc = run("convert", "--weights-only", src, out, "--report", tmp_path / "convert.json",
@@ -63,8 +63,8 @@ def converted(tmp_path) -> tuple[Path, Path]:
     return src, out
 
 
-def test_convert_and_a_passing_verify_report_every_tensor(converted, tmp_path):
-    src, out = converted
+def test_convert_and_a_passing_verify_report_every_tensor(repacked, tmp_path):
+    src, out = repacked
     report = json_report(tmp_path / "convert.json")
     assert report["command"] == "convert" and report["status"] == "passed"
     [output] = report["outputs"]
@@ -85,8 +85,8 @@ def test_convert_and_a_passing_verify_report_every_tensor(converted, tmp_path):
     assert JUnitXml.fromfile(str(tmp_path / "v.xml")).tests == len(TENSORS) + 1
 
 
-def test_a_corrupted_plane_is_one_failed_case_naming_its_tensor(converted, tmp_path):
-    src, out = converted
+def test_a_corrupted_plane_is_one_failed_case_naming_its_tensor(repacked, tmp_path):
+    src, out = repacked
     manifest = json.loads((out / "manifest.json").read_text())
     record = next(t for t in manifest["tensors"] if t["name"] == "blk.0.ffn_down.weight")
     shard = out / record["shard"]
@@ -129,8 +129,8 @@ def test_a_report_that_cannot_be_written_fails_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_export_report(converted, tmp_path):
-    src, out = converted
+def test_export_report(repacked, tmp_path):
+    src, out = repacked
     proc = run("export", out, tmp_path / "back.gguf", "--report", tmp_path / "e.json")
     assert proc.returncode == 0, proc.stderr
     report = json_report(tmp_path / "e.json")
@@ -167,13 +167,18 @@ def test_verify_a_whole_tree_against_its_sources(tmp_path):
                         ("c", str(tmp_path / "out" / "team" / "c"))}
 
 
-def test_verify_takes_the_changed_files_of_outputs_as_pre_commit_passes_them(converted, tmp_path):
-    src, out = converted
+def test_verify_takes_the_changed_files_of_outputs_as_pre_commit_passes_them(repacked, tmp_path):
+    src, out = repacked
     second = tmp_path / "second"
     shutil.copytree(out, second)
-    files = [out / "manifest.json", out / "model-00001-of-00001.safetensors", second / "manifest.json"]
+    hf_model = tmp_path / "hf-model"  # a Hugging Face model kept beside: the same shard names
+    hf_model.mkdir()
+    (hf_model / "model-00001-of-00001.safetensors").write_bytes(b"not ours")
+    files = [out / "manifest.json", out / "model-00001-of-00001.safetensors", second / "manifest.json",
+             hf_model / "model-00001-of-00001.safetensors"]
     proc = run("verify", *files)
     assert proc.returncode == 0 and "verify: 2 output(s): 2 ok" in proc.stdout, (proc.stdout, proc.stderr)
+    assert f"{hf_model / 'model-00001-of-00001.safetensors'}: not in a gguf-repack output" in proc.stdout
     (second / "gguf-header-00001.bin").write_bytes(b"GGUF")
     proc = run("verify", *files)
     assert proc.returncode == 1 and f"mismatch: {second}: header of m.gguf" in proc.stdout

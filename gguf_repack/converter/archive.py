@@ -9,22 +9,25 @@ reported with its one-line error and the run goes on; the caller exits 1 if any 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gguf_repack.errors import OutputError, RepackError
-from gguf_repack.format.manifest import MANIFEST, is_output_dir, read_manifest, sha256_file
+from gguf_repack.format.manifest import (
+    OUTPUT_MARKER,
+    is_output_dir,
+    looks_like_output,
+    read_manifest,
+    sha256_file,
+)
 from gguf_repack.sources.archive import ArchiveModel, find_models
 
 from .rebuild import VerifyReport, verify
 from .writer import DEFAULT_MAX_SHARD_SIZE, convert
 
 CONVERTED, SKIPPED, FAILED = "converted", "skipped", "failed"
-# files only an output directory holds (format/manifest.py names them)
-_OUTPUT_FILE = re.compile(r"^(model-\d{5}-of-\d{5}\.safetensors|gguf-header-\d{5}\.bin)$")
 
 
 @dataclass
@@ -142,6 +145,28 @@ class TreeEntry:
     seconds: float
 
 
+def verify_each(paths: list, against: Path | None = None) -> tuple[list[TreeEntry], list[Path]]:
+    """verify each output directory, and the directory of each file given (pre-commit passes
+    the files a commit changes); an unreadable one is an entry with its error. Returns the
+    entries and the files that lie in no gguf-repack output (a Hugging Face model's shards,
+    which share our shard names), which the caller names."""
+    outs, elsewhere = [], []
+    for p in map(Path, paths):
+        if p.is_file() and not looks_like_output(p.parent):
+            elsewhere.append(p)
+        else:
+            outs.append(p.parent if p.is_file() else p)
+    entries = []
+    for out in dict.fromkeys(outs):
+        t0 = time.perf_counter()
+        try:
+            report, error = verify(out, against=against), None
+        except RepackError as e:
+            report, error = None, str(e)
+        entries.append(TreeEntry(out, against, report, error, time.perf_counter() - t0))
+    return entries, elsewhere
+
+
 def output_dirs(root: Path) -> list[Path]:
     """Every directory under `root` that holds an output's files (its manifest, or shards and
     headers left without one: an incomplete output is listed, to be reported, not passed
@@ -152,7 +177,7 @@ def output_dirs(root: Path) -> list[Path]:
     found = []
     for directory, subdirs, names in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        if any(n == MANIFEST or _OUTPUT_FILE.match(n) for n in names):
+        if any(OUTPUT_MARKER.match(n) for n in names):
             found.append(Path(directory))
             subdirs[:] = []  # an output holds no outputs
     return found

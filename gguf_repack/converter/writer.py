@@ -7,8 +7,10 @@ Order of work, and why:
    data then streams in: memory stays bounded by `CHUNK_BYTES`, whatever the model's size.
 3. Each source file is mapped into memory (no read copies: the page cache is re-tiled in
    place). A background thread computes each file's sha256 over the map (hashlib releases the
-   GIL) while the main thread checksums each tensor's bytes (xxh3-128), re-tiles and writes
-   them. The two hashes were half of convert's time when both were sha256.
+   GIL) while two writer threads checksum each tensor's bytes (xxh3-128), re-tile and write
+   them. The two hashes were half of convert's time when both were sha256. (A source that
+   another process truncates while it is converted ends the process with SIGBUS, as any
+   reader of a mapped file; with reads it was an error line.)
 4. The engine files (config.json, tokenizer, generation config) come from transformers' GGUF
    conversion, fed with the values already scanned (gguf_repack.integrations.hf.engine_files); without
    the `hf` extra, or for a model transformers cannot describe, they are skipped and the

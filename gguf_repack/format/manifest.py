@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,15 @@ def header_name(i: int) -> str:
 
 def gaps_name(i: int) -> str:
     return f"gguf-gaps-{i + 1:05d}.bin"
+
+
+# A directory holding one of these is a gguf-repack output, or was meant to be one (the shard
+# and index names are Hugging Face's, which other model directories use too)
+OUTPUT_MARKER = re.compile(r"^(manifest\.json|gguf-header-\d{5}\.bin)$")
+
+
+def looks_like_output(directory: Path) -> bool:
+    return directory.is_dir() and any(OUTPUT_MARKER.match(p.name) for p in directory.iterdir())
 
 
 @dataclass

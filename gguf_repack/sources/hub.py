@@ -71,9 +71,10 @@ def resolve(reference: str, revision: str | None = None, *, progress: bool = Tru
         raise HubError(f"{reference}: not a Hub reference (owner/repo:QUANT or "
                        f"owner/repo/path/file.gguf) and not a local file")
     from huggingface_hub import constants
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import disable_progress_bars
 
-    (enable_progress_bars if progress else disable_progress_bars)()
+    if not progress:  # else the client's own choice (on, unless HF_HUB_DISABLE_PROGRESS_BARS)
+        disable_progress_bars()
     repo = m["repo"]
     with _hub_errors(reference, revision):
         commit, files = _repo_files(repo, revision)
