@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import RepackError
+from .errors import RepackError, one_line
 
 
 def _fail(message: str, code: int = 2):
@@ -36,14 +36,10 @@ def _reports_errors(fn):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
         except OSError as e:  # disk full, permissions, I/O errors
-            _fail(_os_error(e))
+            _fail(one_line(e))
         except KeyboardInterrupt:
             _fail("interrupted", 130)
     return wrapper
-
-
-def _os_error(e: OSError) -> str:
-    return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
 
 
 _REPORT = click.option("--report", "reports", multiple=True, metavar="FILE",
@@ -69,8 +65,7 @@ class _Reporting:
 
         if self.paths and not isinstance(error, KeyboardInterrupt):
             if isinstance(error, (RepackError, OSError)):
-                message = str(error) if isinstance(error, RepackError) else _os_error(error)
-                self.report.suites.append(error_suite(self.target, message))
+                self.report.suites.append(error_suite(self.target, one_line(error)))
             for path in self.paths:
                 self.report.write(path)
         return False

@@ -16,3 +16,11 @@ class FormatError(RepackError):
 
 class OutputError(RepackError):
     """An output path that exists, cannot be written, or is not ours to replace."""
+
+
+def one_line(e: BaseException) -> str:
+    """The `error:` line's text for what a user can cause: a RepackError's message, or an
+    OSError (disk full, permissions) as `file: reason`."""
+    if isinstance(e, OSError):
+        return f"{e.filename}: {e.strerror or e}" if e.filename else str(e.strerror or e)
+    return str(e)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf_repack.errors import OutputError, RepackError
+from gguf_repack.errors import OutputError, RepackError, one_line
 from gguf_repack.format.manifest import (
     OUTPUT_MARKER,
     is_output_dir,
@@ -89,7 +89,7 @@ def convert_archive(root: str | os.PathLike, out_root: str | os.PathLike, *, for
                                           max_shard_size=max_shard_size,
                                           weights_only=weights_only, progress=progress)
         except (RepackError, OSError) as e:
-            status, detail = FAILED, _error_line(e)
+            status, detail = FAILED, one_line(e)
             warn(f"error: {detail}")
         result = ModelResult(model, status, size, time.perf_counter() - t0, detail)
         summary.results.append(result)
@@ -125,13 +125,6 @@ def _same_source(model: ArchiveModel, out: Path) -> bool | None:
             [(f.name, f.stat().st_size) for f in model.files]:
         return False
     return all(sha256_file(f) == s.get("sha256") for f, s in zip(model.files, sources))
-
-
-def _error_line(e: BaseException) -> str:
-    if isinstance(e, RepackError):
-        return str(e)
-    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-    return f"{where}{getattr(e, 'strerror', None) or e}"
 
 
 @dataclass

@@ -19,13 +19,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gguf_repack.converter.reader import SPLIT_NAME
 from gguf_repack.errors import RepackError
 from gguf_repack.format.manifest import sha256_file
 
 _REPO = r"[A-Za-z0-9][\w.-]*/[\w.-]+"
 HUB_REFERENCE = re.compile(rf"^(?:hf\.co/|huggingface\.co/|hf://)?(?P<repo>{_REPO})"
                            rf"(?::(?P<tag>[\w.-]+)|/(?P<path>[^:]+\.gguf))$", re.IGNORECASE)
-_SHARD = re.compile(r"-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
 
 class HubError(RepackError):
@@ -137,9 +137,9 @@ def _models(files: dict) -> dict[str, list[str]]:
     models: dict[str, list[str]] = {}
     sets: dict[tuple[str, int], dict[int, str]] = {}
     for path in sorted(files):
-        m = _SHARD.search(path)
+        m = SPLIT_NAME.match(path)  # the reader's rule for shard names; on the repo path
         if m:
-            sets.setdefault((path[: m.start()], int(m["count"])), {})[int(m["no"])] = path
+            sets.setdefault((m["prefix"], int(m["count"])), {})[int(m["no"])] = path
         else:
             models[path] = [path]
     for (_, count), shards in sets.items():
