@@ -31,6 +31,7 @@ from triton.compiler import ASTSource
 
 from . import configs
 from .dequantize import dequantize_kernel
+from .dispatch import gemm_dequant
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
 from .gemv import gemv_dot_kernel
@@ -97,8 +98,7 @@ def _spec(family: str, fmt, act: str):
         out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
         return gemm_kernel, {**common, "OUT": out}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            "DQ": fmt.dequant_f16 if act == "fp16" and fmt.dequant_f16 else fmt.dequant,
-            "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
+            **gemm_dequant(fmt, act == "fp16"), "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
     if family == "moe_m16":
         cfg = configs.moe_config(fmt.name, block_size, 1)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
@@ -106,7 +106,7 @@ def _spec(family: str, fmt, act: str):
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
         return moe_gemm_kernel, sig, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            "DQ": fmt.dequant_f16 if act == "fp16" and fmt.dequant_f16 else fmt.dequant}, cfg, cfg["BN"]
+            **gemm_dequant(fmt, act == "fp16")}, cfg, cfg["BN"]
     raise ValueError(family)
 
 

@@ -88,7 +88,7 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int) -> 
 # The expert products (moe.py) run as GEMVs, a program per (token, slot) pair, while experts
 # get at most this many rows on average: as the dense GEMV up to GEMV_MAX_M rows, each row
 # re-reads its expert's weights (from L2 when they repeat), where a tile would dequantize
-# them once for up to 16 rows at 0.29-1.0 of the bandwidth (its issue bound at sm_90,
+# them once for up to 16 rows at 0.46-1.0 of the bandwidth (its issue bound at sm_90,
 # BENCHMARKS.md); decode (a few tokens, k experts each) is this path.
 MOE_GEMV_MAX_ROWS = GEMV_MAX_M
 

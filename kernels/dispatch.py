@@ -101,10 +101,12 @@ def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
     return torch.empty(m, n, device=x.device, dtype=x.dtype)
 
 
-def _gemm_dequant(fmt: Format, dtype: torch.dtype):
-    """The fused GEMM's dequant function: the type's float16 one for float16 x, where it has
-    one (registry.py), else the float32 one."""
-    return fmt.dequant_f16 if dtype == torch.float16 and fmt.dequant_f16 is not None else fmt.dequant
+def gemm_dequant(fmt: Format, float16: bool) -> dict:
+    """The fused GEMM's dequant function, DQ, and the order of its columns, XRUN: the type's
+    float16 function for float16 x, where it has one (registry.py), else the float32 one."""
+    if float16 and fmt.dequant_f16 is not None:
+        return {"DQ": fmt.dequant_f16, "XRUN": fmt.f16_nibble_run}
+    return {"DQ": fmt.dequant, "XRUN": 0}
 
 
 def matmul_path(type_name: str, m: int) -> str:
@@ -153,8 +155,8 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
         grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
         gemm_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
-                          IEEE=x.dtype == torch.float32, DQ=_gemm_dequant(fmt, x.dtype),
-                          SPLIT_K=cfg["SPLIT_K"],
+                          IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
+                          **gemm_dequant(fmt, x.dtype == torch.float16),
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
 
@@ -249,6 +251,6 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
-                          DQ=_gemm_dequant(fmt, x.dtype), num_warps=cfg["num_warps"],
+                          **gemm_dequant(fmt, x.dtype == torch.float16), num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"])
     return out.reshape(t, top, n)

@@ -211,7 +211,7 @@ def dot4(a, b, c, A_SIGNED: tl.constexpr = False):
                                          [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
 
 
-def lookup16_ptx(values, f16: bool = False) -> str:
+def lookup16_ptx(values, f16: bool = False, high: bool = False) -> str:
     """PTX for `lookup16` (float32, or float16 with f16): 4 codes (0..15, one a byte of the
     input register) -> values[code], for a table of 16 small integers (IQ4's kvalues, E2M1's
     doubled values). The table lives in the instruction stream as 4 words of its bytes, each
@@ -221,7 +221,11 @@ def lookup16_ptx(values, f16: bool = False) -> str:
     float32's exponent, 0x4B0000XX = 2**23 + XX, and one FADD takes 2**23 + 128 off, exactly:
     17 instructions for 4 weights, where a gather costs a shared-memory store, a barrier and a
     load per weight. As float16 ($0, $1, two each, input $2): one PRMT puts a pair of bytes
-    under float16's exponent of 1024 (0x64XX 0x64YY) and one HSUB2 takes 1152 off both."""
+    under float16's exponent of 1024 (0x64XX 0x64YY) and one HSUB2 takes 1152 off both.
+    Only bits 0-3 of each byte are read (bit 3 through a shift by 4), so a byte of two packed
+    nibbles is looked up by its low one as it is; with `high`, by its high one (bits 4-6
+    shifted down, bit 7 in place): the nibbles need no unpacking beforehand, which Triton
+    does byte by byte (four instructions a byte, seen in the SASS)."""
     table = [(int(v) + 128) & 0xFF for v in values]
     assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
     words = [sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4)]
@@ -233,15 +237,65 @@ def lookup16_ptx(values, f16: bool = False) -> str:
     else:
         consts = "mov.b32 c, 0x4B000000; "
         convert = "".join(f"prmt.b32 t, r, c, 0x765{k}; sub.f32 ${k}, t, 0f4B000080; " for k in range(4))
+    # the low 3 bits of the 4 codes (the selector nibbles), and bit 3 of each code
+    # replicated over its byte (which half of the table)
+    if high:
+        select = f"shr.u32 s, {codes}, 4; and.b32 s, s, 0x07070707; "
+        half = f"prmt.b32 m, {codes}, {codes}, 0xBA98; "
+    else:
+        select = f"and.b32 s, {codes}, 0x07070707; "
+        half = f"shl.b32 m, {codes}, 4; prmt.b32 m, m, m, 0xBA98; "
     return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, c, k; "
             f"mov.b32 a0, {words[0]:#010x}; mov.b32 a1, {words[1]:#010x}; "
-            f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; " + consts +
-            # selector nibbles: the low 3 bits of the 4 codes
-            f"and.b32 s, {codes}, 0x07070707; shr.u32 t, s, 4; or.b32 s, s, t; "
+            f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; " + consts + select +
+            "shr.u32 t, s, 4; or.b32 s, s, t; "
             "prmt.b32 s, s, s, 0x0020; prmt.b32 lo, a0, a1, s; prmt.b32 hi, a2, a3, s; "
-            # bit 3 of each code, replicated over its byte: which half
-            f"shl.b32 m, {codes}, 4; prmt.b32 m, m, m, 0xBA98; lop3.b32 r, hi, lo, m, 0xE4; "
-            + convert + "}")
+            + half + "lop3.b32 r, hi, lo, m, 0xE4; " + convert + "}")
+
+
+@triton.jit
+def lookup16_nibbles(b, TABLE, PTX_LOW: tl.constexpr, PTX_HIGH: tl.constexpr,
+                     F16: tl.constexpr = False):
+    """Both nibbles of every byte looked up (lookup16), straight from the packed bytes: uint8
+    [R, n] -> [R, 2n] in *nibble-group order*: for each 4 bytes, the values of their 4 low
+    nibbles, then of their 4 high ones. That is the order the lookups leave in registers (a
+    lookup takes 4 bytes a register): ggml's order (all low nibbles, then all high ones)
+    would cost a shuffle of every value, so the GEMM reads x in this order instead
+    (tile_columns). PTX_LOW and PTX_HIGH: lookup16_ptx(VALUES, F16) and
+    lookup16_ptx(VALUES, F16, high=True)."""
+    R: tl.constexpr = b.shape[0]
+    G: tl.constexpr = b.shape[1] // 4
+    b4 = tl.reshape(b, (R, G, 4))
+    if INTERPRETED:
+        low = lookup16(b4 & 0x0F, TABLE, PTX_LOW, F16)
+        high = lookup16(b4 >> 4, TABLE, PTX_HIGH, F16)
+    else:
+        low = lookup16(b4, TABLE, PTX_LOW, F16)
+        high = lookup16(b4, TABLE, PTX_HIGH, F16)
+    return tl.reshape(tl.permute(tl.join(low, high), (0, 1, 3, 2)), (R, 8 * G))
+
+
+def nibble_group_columns(block_size: int, run: int) -> list[int]:
+    """Where each value of lookup16_nibbles' order lies in ggml's: a block whose nibbles come
+    in runs of `run` bytes (the low nibbles of a run are weights 2*run*r + i, its high ones
+    2*run*r + run + i); 0 for ggml's order itself. tile_columns is the same on a GPU."""
+    if run == 0:
+        return list(range(block_size))
+    return [2 * run * (4 * (c // 8) // run) + 4 * (c // 8) % run + run * (c // 4 % 2) + c % 4
+            for c in range(block_size)]
+
+
+@triton.jit
+def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
+    """The column of x (within a block) that each column of a dequant function's tile
+    multiplies: in order, or with RUN > 0 the nibble-group order of lookup16_nibbles over runs
+    of RUN bytes (nibble_group_columns). x is read in that order at no cost; only its loads
+    narrow to 4 elements."""
+    c = tl.arange(0, BLOCK)
+    if RUN > 0:
+        g4 = 4 * (c // 8)
+        c = 2 * RUN * (g4 // RUN) + g4 % RUN + RUN * ((c // 4) % 2) + c % 4
+    return c
 
 
 @triton.jit

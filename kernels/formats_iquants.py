@@ -32,6 +32,7 @@ from .fields import (
     field_h,
     field_run,
     lookup16,
+    lookup16_nibbles,
     lookup16_ptx,
     lookup_run_dot,
     lookup_table,
@@ -198,6 +199,7 @@ def ksign_factors(TABLE, idx):
 
 KVALUES_PTX = tl.constexpr(lookup16_ptx(_kvalues()))
 KVALUES_F16_PTX = tl.constexpr(lookup16_ptx(_kvalues(), f16=True))
+KVALUES_F16_HIGH_PTX = tl.constexpr(lookup16_ptx(_kvalues(), f16=True, high=True))
 
 
 @triton.jit
@@ -242,11 +244,13 @@ def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
 
 @triton.jit
 def iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = lookup16(nibbles(field(P1, j, rows, mask, N, 16, tl.uint8)), TABLE, KVALUES_F16_PTX, True)
+    q = lookup16_nibbles(field(P1, j, rows, mask, N, 16, tl.uint8), TABLE, KVALUES_F16_PTX,
+                         KVALUES_F16_HIGH_PTX, True)  # nibble-group order (registry.py)
     return field_h(P0, j, rows, mask, N) * q
 
 
-@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_f16=iq4_nl_f16)
+@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_f16=iq4_nl_f16,
+          f16_nibble_run=16)
 @triton.jit
 def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -294,12 +298,14 @@ def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # d times the sub-block's scale is rounded to float16, then times the value: two
     # roundings where the float32 function has one (within the GEMM's tolerance)
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)
-    q = lookup16(iq4_xs_codes(P3, j, rows, mask, N), TABLE, KVALUES_F16_PTX, True)
-    return per_group(dl, tl.reshape(q, (rows.shape[0], 256)))
+    # in nibble-group order (registry.py): sub-block s is still columns 32s..32s+31
+    q = lookup16_nibbles(field(P3, j, rows, mask, N, 128, tl.uint8), TABLE, KVALUES_F16_PTX,
+                         KVALUES_F16_HIGH_PTX, True)
+    return per_group(dl, q)
 
 
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
-          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16)
+          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16, f16_nibble_run=16)
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N)

@@ -20,6 +20,7 @@ from .fields import (
     field_f16,
     field_run,
     lookup16,
+    lookup16_nibbles,
     lookup16_ptx,
     lookup_run_dot,
     lookup_table,
@@ -170,6 +171,7 @@ def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 E2M1_DOUBLED = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 E2M1_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED))
 E2M1_F16_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED, f16=True))
+E2M1_F16_HIGH_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED, f16=True, high=True))
 
 
 @triton.jit
@@ -235,7 +237,27 @@ def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
     return e8m0_half(row_u8(P0, j, rows, mask, N)) * s
 
 
-@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot)
+@triton.jit
+def mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """The float32 weights rounded to float16, bit for bit, computed in float16: E8M0's scale
+    2**(e - 128) reaches far outside float16's range, so it is applied as two float16 powers
+    of two, 2**a with a in -14..11, which leaves every doubled E2M1 value (at most 12) a normal
+    float16 exactly, then 2**b, b = (e - 128) - a clamped to -24..15, which rounds once. Where
+    b is clamped the product is 0 or infinite either way (12 * 2**-38 < 2**-25; 2**26)."""
+    e = tl.load(P0.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64), mask=mask, other=0)
+    k = e.to(tl.int32)[:, None] - 128
+    a = tl.minimum(tl.maximum(k, -14), 11)
+    b = tl.minimum(tl.maximum(k - a, -24), 15)
+    # built as float32 powers of two (normal throughout), each exact in float16
+    scale_a = ((a + 127) << 23).to(tl.float32, bitcast=True).to(tl.float16)
+    scale_b = ((b + 127) << 23).to(tl.float32, bitcast=True).to(tl.float16)
+    q = lookup16_nibbles(field_bytes(P1, j, rows, mask, N, 16), TABLE, E2M1_F16_PTX,
+                         E2M1_F16_HIGH_PTX, True)
+    return q * scale_a * scale_b
+
+
+@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_f16=mxfp4_f16,
+          f16_nibble_run=16)
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]
@@ -276,11 +298,13 @@ def nvfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # the halved UE4M3 scales lie in 2**-10 .. 224 and the values are small integers: both
     # float16 exactly, so their product rounds once, as the float32 one converted does
     scale = ue4m3_half(field_bytes(P0, j, rows, mask, N, 4)).to(tl.float16)[:, :, None]
-    q = lookup16(nvfp4_codes(P1, j, rows, mask, N), TABLE, E2M1_F16_PTX, True)
-    return tl.reshape(q * scale, (rows.shape[0], 64))
+    q = lookup16_nibbles(field_bytes(P1, j, rows, mask, N, 32), TABLE, E2M1_F16_PTX,
+                         E2M1_F16_HIGH_PTX, True)  # sub-block s is columns 16s..16s+15
+    return tl.reshape(tl.reshape(q, (rows.shape[0], 4, 16)) * scale, (rows.shape[0], 64))
 
 
-@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16)
+@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16,
+          f16_nibble_run=8)
 @triton.jit
 def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # each sub-block of 16 weights has its own scale byte

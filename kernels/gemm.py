@@ -10,16 +10,19 @@ another dequantizes (configs.gemm_config)."""
 import triton
 import triton.language as tl
 
+from .fields import tile_columns
+
 
 # The batch size only masks rows: one compiled variant serves every value of it.
 @triton.jit(do_not_specialize=["M"])
 def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om,
                 BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr):
+                IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
+                XRUN: tl.constexpr = 0):
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
-    cols = tl.arange(0, BLOCK)
+    cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     # a for loop from 0 (Triton pipelines it; Triton 3.6's interpreter cannot start a range
     # at a program id); SPLIT_K divides B (configs.gemm_config)

@@ -16,6 +16,7 @@ by the rows an expert gets (configs.MOE_GEMV_MAX_ROWS).
 import triton
 import triton.language as tl
 
+from .fields import tile_columns
 from .gemv import gemv_dot_row
 
 
@@ -38,7 +39,7 @@ def moe_gemv_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, XF, XS, PAIR_
 def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OUT_ROWS,
                     TILE_EXPERT, OUT, N, B, stride_xm, stride_om,
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    IEEE: tl.constexpr, DQ: tl.constexpr):
+                    IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert
@@ -49,7 +50,7 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     live = x_rows >= 0
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
-    cols = tl.arange(0, BLOCK)
+    cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
     p0, p1, p2, p3, p4 = P0 + e * S0, P1 + e * S1, P2 + e * S2, P3 + e * S3, P4 + e * S4
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for j in range(0, B):

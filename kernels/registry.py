@@ -30,7 +30,10 @@ values made float16 exactly by a bit trick, then the scale: one rounding, so the
 the float32 ones rounded to float16, as the float32 function and a conversion give them;
 where a min is added (Q4_1, Q5_1) or a scale is itself a product (IQ4_XS) the rounding
 differs, within the GEMM's tolerance). It spares the GEMM converting every weight to float32
-and back, which is most of what it issues at small M.
+and back, which is most of what it issues at small M. A float16 function that looks its
+nibbles up in place (fields.lookup16_nibbles) returns the block's weights in nibble-group
+order, not ggml's: `f16_nibble_run` says so (the bytes' runs, fields.nibble_group_columns),
+and the GEMM reads x in that order (fields.tile_columns).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Format:
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
     x_int8: bool = False  # its dot function multiplies x quantized per 32 to int8
     dequant_f16: object = None  # the fused GEMM's dequant for float16 x, see above
+    f16_nibble_run: int = 0  # its columns' order: 0 ggml's, else nibble groups, see above
 
     @property
     def x_stride(self) -> int:
@@ -67,14 +71,15 @@ FORMATS: dict[str, Format] = {}
 
 def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
-             dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_f16=None):
+             dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_f16=None,
+             f16_nibble_run: int = 0):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
     def wrap(fn):
         assert name not in FORMATS, name
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
-                               dequant_f16)
+                               dequant_f16, f16_nibble_run)
         return fn
 
     return wrap

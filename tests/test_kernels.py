@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 from ggml_blocks import as_q8_0, random_blocks
+from gguf_repack_kernels.fields import nibble_group_columns, tile_columns
 
 from gguf_repack.format.layout import pack
 from gguf_repack.format.type_table import TYPES_BY_NAME
@@ -277,17 +278,22 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
               else list(gguf.quants.MXFP4.kvalues))
     codes = np.arange(16 ** 4, dtype=np.uint32)
     c = [(codes >> (4 * k)) & 15 for k in range(4)]
-    word = c[0] | c[1] << 8 | c[2] << 16 | c[3] << 24
-    regs = run(lookup16_ptx(values), {"$4": word})
-    expected = np.array(values, np.float32)
-    for k in range(4):
-        got = regs[f"${k}"]
-        assert np.array_equal(got, expected[c[k]].view(np.uint32)), (table, k)
-    # the float16 variant: codes 0, 1 in $0 and 2, 3 in $1, the first of each in the low half
-    regs = run(lookup16_ptx(values, f16=True), {"$2": word})
-    halves = np.array(values, np.float16).view(np.uint16).astype(np.uint32)
-    for k in range(2):
-        assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), (table, k)
+    # the byte's other nibble is not read: the low nibbles are looked up with the high ones
+    # in place (any value, here 15 - code), and with high=True the high ones likewise
+    for high in (False, True):
+        nib = [(ck << 4 | (15 - ck)) if high else (ck | (15 - ck) << 4) for ck in c]
+        word = nib[0] | nib[1] << 8 | nib[2] << 16 | nib[3] << 24
+        regs = run(lookup16_ptx(values, high=high), {"$4": word})
+        expected = np.array(values, np.float32)
+        for k in range(4):
+            got = regs[f"${k}"]
+            assert np.array_equal(got, expected[c[k]].view(np.uint32)), (table, high, k)
+        # the float16 variant: codes 0, 1 in $0 and 2, 3 in $1, the first of each in the low half
+        regs = run(lookup16_ptx(values, f16=True, high=high), {"$2": word})
+        halves = np.array(values, np.float16).view(np.uint16).astype(np.uint32)
+        for k in range(2):
+            assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), \
+                (table, high, k)
 
 
 @triton.jit
@@ -300,36 +306,62 @@ def _dequant_f16_kernel(P0, P1, P2, P3, P4, TABLE, OUT, N, BLOCK: tl.constexpr, 
              mask=(rows < N)[:, None])
 
 
+@triton.jit
+def _tile_columns_kernel(OUT, BLOCK: tl.constexpr, RUN: tl.constexpr):
+    tl.store(OUT + tl.arange(0, BLOCK), tile_columns(BLOCK, RUN))
+
+
+@pytest.mark.parametrize("block, run", [(32, 0), (32, 16), (64, 8), (256, 16)])
+def test_the_gemm_reads_x_in_the_nibble_group_order(block, run):
+    """The GEMM's x columns (fields.tile_columns, in the kernel) are the host's
+    nibble_group_columns (what the float16 test above undoes), a permutation of the block:
+    for a run of 16 bytes, the 4 low nibbles of bytes 0-3, then their 4 high ones (16-19)."""
+    got = torch.empty(block, dtype=torch.int32)
+    _tile_columns_kernel[(1,)](got, BLOCK=block, RUN=run)
+    assert got.tolist() == nibble_group_columns(block, run)
+    assert sorted(got.tolist()) == list(range(block))
+    if run == 16:
+        assert got.tolist()[:12] == [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7]
+
+
 @pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16 is not None])
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
-    Q5_0, IQ4_NL, NVFP4). Where a min is added (Q4_1, Q5_1) a GPU fuses d * q + m into one
-    HFMA (one rounding) and the interpreter rounds d * q first: within those two roundings, of
-    d * q and of the sum. IQ4_XS rounds d times its sub-block scale, then the product: within
-    two roundings."""
+    Q5_0, IQ4_NL, NVFP4), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
+    outside float16's range, where the weights are 0 or infinite). Where a min is added (Q4_1,
+    Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and the interpreter rounds d * q
+    first: within those two roundings, of d * q and of the sum. IQ4_XS rounds d times its
+    sub-block scale, then the product: within two roundings. A function that keeps its
+    nibbles in place returns them in nibble-group order (registry.py), undone here with
+    fields.nibble_group_columns."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
-    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "NVFP4"} == {
+    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4"} == {
         n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
-    expected = dequantize_planes(planes, qtype).half()
+    if name == "MXFP4":  # every scale byte, 0..255, the extremes included
+        n = 256
+        qtype, planes = make_planes(name, (n, k), rng)
+        planes["e"][..., 0] = torch.arange(256, dtype=torch.uint8)
+    order = torch.tensor(nibble_group_columns(qtype.block_size, fmt.f16_nibble_run))
+    exact = dequantize_planes(planes, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
+    expected = exact.half()
     got = torch.empty(n, k, dtype=torch.float16)
-    _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), got, n,
-                                                   BLOCK=qtype.block_size, BN=64,
-                                                   DQ=fmt.dequant_f16)
+    with np.errstate(over="ignore"):  # MXFP4's largest scales: infinite weights, as expected
+        _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), got, n,
+                                                       BLOCK=qtype.block_size, BN=256 if n > 64 else 64,
+                                                       DQ=fmt.dequant_f16)
     eps = torch.finfo(torch.float16).eps
-    if name in ("Q4_0", "Q5_0", "IQ4_NL", "NVFP4"):
+    if name in ("Q4_0", "Q5_0", "IQ4_NL", "NVFP4", "MXFP4"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
     elif name == "IQ4_XS":
-        exact = dequantize_planes(planes, qtype)
         assert ((got.float() - exact).abs() <= eps * exact.abs() + 2 ** -24).all()
     else:
         m = planes["m"].float()[..., 0].T.repeat_interleave(qtype.block_size, dim=1)  # [N, K]
-        exact = dequantize_planes(planes, qtype)
         bound = eps * ((exact - m).abs() + exact.abs()) + 2 ** -24
         assert ((got.float() - exact).abs() <= bound).all()
 

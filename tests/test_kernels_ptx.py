@@ -83,6 +83,18 @@ def test_matmul_paths_are_estimated_for_every_type(ptx_rows):
     assert min(break_evens) <= threshold <= max(break_evens), break_evens
 
 
+# The prefill issue's goal at M = 16 for the 4-bit types (fp16 x: their float16 dequant
+# functions, with the table types' nibbles looked up in place), held as the estimate is.
+FOUR_BIT = ["Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4"]
+
+
+def test_four_bit_types_at_m16_are_estimated_at_least_1_5x_fp16(ptx_rows):
+    gemm = {r["type"]: r for r in ptx_rows if r["family"] == "gemm" and r["arch"] == 90}
+    got = {name: {e["M"]: e for e in gemm[name]["matmul_path_estimates"]}[16]["fused_gemm_fraction"]
+           for name in FOUR_BIT}
+    assert all(v >= 1.5 for v in got.values()), got
+
+
 # GGUF blocks whose byte size is no multiple of 8 (Q4_0: 18, Q8_0: 34, Q6_K: 210) leave the
 # raw layout no aligned run to load as a vector; Q4_K (144) or IQ4_XS (136) blocks happen to.
 UNALIGNED_RAW = {"Q4_0", "Q8_0", "Q6_K"}
