@@ -4,6 +4,39 @@
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from pathlib import Path
+
+# Tiles measured on a GPU: scripts/tune_kernels.py (which scripts/gpu_check.py runs) times the
+# candidates below for each type side by side, checks each against the default tile's result,
+# and writes the fastest as tuned_configs.json; committed here, it replaces the default tile
+# of the types and tile kinds it names (the split-K rule still fits K to the GPU's SMs). None
+# is committed yet: no GPU has run the tuner.
+TUNED_CONFIGS = Path(__file__).with_name("tuned_configs.json")
+
+
+def tuned() -> dict:
+    """{tile kind: {type: tile}} from the tuner's file, {} without one. Tile kinds: "gemv"
+    (ROWS, PARTS, num_warps) and "gemm_bm16", "gemm_bm32", "gemm_bm64" (BN, num_warps,
+    num_stages)."""
+    return _tiles(TUNED_CONFIGS)
+
+
+@cache
+def _tiles(path: Path) -> dict:
+    return json.loads(path.read_text())["tiles"] if path.exists() else {}
+
+
+# What the tuner tries (each candidate is a compile on first use: the sets are small)
+GEMV_CANDIDATES = [{"ROWS": rows, "PARTS": parts, "num_warps": 4}
+                   for rows in (1, 2, 4) for parts in (1, 2, 4)]
+GEMM_CANDIDATES = {
+    16: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64, 128) for st in (2, 3)],
+    32: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64) for st in (2, 3)],
+    64: [{"BN": bn, "num_warps": w, "num_stages": 2} for bn in (32, 64, 128) for w in (4, 8)]}
+
+
 # Three paths for x @ W.T, by M (dispatch.matmul_path): up to GEMV_MAX_M the GEMV family
 # (split-K, no tensor cores: the weight read is the whole cost); then the fused GEMM family
 # (tensor cores, each weight tile dequantized once per BM rows of x); from
@@ -39,7 +72,7 @@ GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
 
 
 def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
-                sms: int) -> dict:
+                sms: int, tile: dict | None = None) -> dict:
     """The fused GEMM's tile. Its time is the issue of its dequantization, so what counts is
     how many programs run at once and how much of a program's work is its own overhead
     (addresses, barriers, copies): BN = 32 from M = 17 on (BN = 64 left half the SMs idle at
@@ -49,14 +82,18 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     weights, whose tiles are small) and split K restores the programs it takes away: K is
     split (in a power of two that divides the block columns) up to 2 programs an SM, not
     beyond: each split adds M x N float32 atomics. Larger tiles (BM = 128, 8 warps) cut the
-    instructions per MMA but leave SMs idle below M = 256 (BENCHMARKS.md, "GEMM paths")."""
+    instructions per MMA but leave SMs idle below M = 256 (BENCHMARKS.md, "GEMM paths").
+    `tile` (BN, num_warps, num_stages), else the tuned one (tuned_configs.json), replaces the
+    default."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
-    tiles = -(-m // bm) * -(-n // bn)
+    cfg = {"BN": bn, "num_warps": 4, "num_stages": 2,
+           **(tile or tuned().get(f"gemm_bm{bm}", {}).get(type_name, {}))}
+    tiles = -(-m // bm) * -(-n // cfg["BN"])
     split_k = 1
     while tiles * split_k * 2 <= 2 * sms and n_blocks % (2 * split_k) == 0:
         split_k *= 2
-    return {"BM": bm, "BN": bn, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 2}
+    return {"BM": bm, **cfg, "SPLIT_K": split_k}
 
 
 # The dot GEMV (gemv_dot_kernel, M <= GEMV_MAX_M). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
@@ -71,13 +108,15 @@ GEMV_ROWS = {"Q2_K": 2, "Q3_K": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ1_0": 1, 
 GEMV_PARTS = {"IQ4_XS": 4, "IQ1_M": 2}
 
 
-def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int) -> dict:
+def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int,
+                    tile: dict | None = None) -> dict:
     """The dot GEMV at M rows of x (a program each): BN rows a program, PARTS calls a block
     column, split K until about 2 programs per SM (a small matrix at batch 1 still fills the
-    GPU)."""
-    warps = 4
-    bn = 32 * warps * GEMV_ROWS.get(type_name, 4)
-    parts = GEMV_PARTS.get(type_name, 1)
+    GPU). `tile` (ROWS, PARTS, num_warps), else the tuned one, replaces the default."""
+    cfg = {"ROWS": GEMV_ROWS.get(type_name, 4), "PARTS": GEMV_PARTS.get(type_name, 1), "num_warps": 4,
+           **(tile or tuned().get("gemv", {}).get(type_name, {}))}
+    warps, parts = cfg["num_warps"], cfg["PARTS"]
+    bn = 32 * warps * cfg["ROWS"]
     tiles = -(-n // bn)
     split_k = 1
     while tiles * split_k * m < 2 * sms and split_k * 2 <= n_blocks * parts:

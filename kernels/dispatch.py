@@ -119,8 +119,11 @@ def matmul_path(type_name: str, m: int) -> str:
     return "gemm"
 
 
-def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape) -> torch.Tensor:
-    """x @ W.T for a 2-D weight of torch shape (N, K): (..., K) -> (..., N) in x's dtype."""
+def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape,
+           tile: dict | None = None) -> torch.Tensor:
+    """x @ W.T for a 2-D weight of torch shape (N, K): (..., K) -> (..., N) in x's dtype.
+    `tile` replaces the launch's default tile (configs.py; what scripts/tune_kernels.py
+    tries)."""
     fmt = _format(type_name)
     n, k = shape
     b = k // fmt.block_size
@@ -137,7 +140,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
         return (x2 @ w.T).reshape(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
     if path == "gemv":
-        cfg = _gemv_config(type_name, m, n, b, x.device)
+        cfg = _gemv_config(type_name, m, n, b, x.device, tile)
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         xf, xs = _prepared_x(x2, fmt)
         out = _gemv_output(m, n, cfg["SPLIT_K"], x)
@@ -147,7 +150,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
                               num_warps=cfg["num_warps"])
     else:
-        cfg = configs.gemm_config(type_name, fmt.block_size, m, n, b, _multiprocessors(x.device))
+        cfg = configs.gemm_config(type_name, fmt.block_size, m, n, b, _multiprocessors(x.device), tile)
         if cfg["SPLIT_K"] > 1:  # partial sums added atomically
             out = torch.zeros(m, n, device=x.device, dtype=torch.float32)
         else:
@@ -202,8 +205,9 @@ def _prepared_x(x2: torch.Tensor, fmt: Format):
     return xf, xs
 
 
-def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device) -> dict:
-    cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(device))
+def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device,
+                 tile: dict | None = None) -> dict:
+    cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(device), tile)
     if device.type != "cuda":
         # the interpreter runs a program's rows as one array: tiles sized for a GPU's
         # threads (up to 2048 rows) would mostly compute masked rows

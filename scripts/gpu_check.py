@@ -8,7 +8,7 @@ folder here, `pip install --no-index` them there).
     python scripts/gpu_check.py --smoke --out DIR          # CPU, Triton's interpreter, tiny
                                                            # shapes: checks this script
 
-Writes gpu_check.json and gpu_check.md into --out, in three parts:
+Writes gpu_check.json and gpu_check.md into --out, in four parts:
 
 1. kernels: every type's planes (random valid blocks) on the device; dequantize and embedding
    bit for bit equal to the torch backend on the same device, matmul within tolerance of x @
@@ -17,7 +17,11 @@ Writes gpu_check.json and gpu_check.md into --out, in three parts:
    against plain PyTorch; every failure named.
 2. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS (its own
    bench_gpu.json / .md in --out/bench).
-3. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
+3. tune: scripts/tune_kernels.py for the same six types, 90 s of compiles at most (then it
+   starts no new type): each tile kind's candidates (kernels/configs.py) timed against the
+   default tile; the fastest into --out/tune/tuned_configs.json, to commit as
+   kernels/tuned_configs.json.
+4. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
    K-quant types, as a Q4_K_M file has; tests/hf_models.py), converted, loaded with
    gguf_repack.hf.load_model on the device: its 32 greedy tokens against the torch backend's
    on CPU, decode tokens/s at batch 1 and 32 and prefill tokens/s at 2048 tokens, beside the
@@ -47,7 +51,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("gpu-check"))
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--types", default=None, help="comma-separated subset (kernels part)")
-    ap.add_argument("--skip", default="", help="parts to leave out: kernels,bench,model")
+    ap.add_argument("--skip", default="", help="parts to leave out: kernels,bench,tune,model")
     return ap.parse_args()
 
 
@@ -166,17 +170,34 @@ def check_kernels(device: torch.device, types: list[str], smoke: bool) -> list[d
         return [r for rows in done for r in rows]
 
 
-def run_bench(out: Path, smoke: bool) -> dict:
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--out", str(out)]
-    # the six types bench_gpu.py runs at every shape: the others' compiles would not fit
-    cmd += (["--smoke", "--types", "Q4_0,Q4_K"] if smoke else
-            ["--short", "--runs", "20", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"])
+def run_script(name: str, args: list[str], timeout: int) -> dict:
+    """scripts/NAME ARGS in a process of its own: its command line, exit code, seconds, and
+    the end of its stderr if it failed."""
+    cmd = [sys.executable, str(ROOT / "scripts" / name), *args]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     result = {"command": " ".join(cmd[1:]), "returncode": proc.returncode,
               "seconds": round(time.perf_counter() - start, 1)}
     if proc.returncode:
         result["stderr"] = proc.stderr[-2000:]
+    return result
+
+
+def run_bench(out: Path, smoke: bool) -> dict:
+    # the six types bench_gpu.py runs at every shape: the others' compiles would not fit
+    return run_script("bench_gpu.py", ["--out", str(out)] + (
+        ["--smoke", "--types", "Q4_0,Q4_K"] if smoke else
+        ["--short", "--runs", "20", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"]), timeout=420)
+
+
+def run_tune(out: Path, smoke: bool) -> dict:
+    """scripts/tune_kernels.py for the six types the bench runs, within 90 s of compiles
+    (it starts no type after that): tuned_configs.json, to commit as kernels/tuned_configs.json."""
+    result = run_script("tune_kernels.py", ["--out", str(out)] + (
+        ["--smoke", "--types", "Q4_0"] if smoke else
+        ["--budget", "90", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"]), timeout=300)
+    if result["returncode"] == 0:
+        result["tiles"] = json.loads((out / "tuned_configs.json").read_text())["tiles"]
     return result
 
 
@@ -248,6 +269,11 @@ def markdown(report: dict) -> str:
         b = report["bench"]
         lines += ["", "## Bench", "", f"`{b['command']}`: exit {b['returncode']}, {b['seconds']} s"
                   " (tables in bench/bench_gpu.md)"]
+    if "tune" in report:
+        t = report["tune"]
+        lines += ["", "## Tiles", "", f"`{t['command']}`: exit {t['returncode']}, {t['seconds']} s"
+                  " (tune/tuned_configs.md; commit tune/tuned_configs.json as"
+                  " kernels/tuned_configs.json)"]
     if "model" in report:
         m = report["model"]
         if "error" in m:
@@ -282,6 +308,8 @@ def main(args: argparse.Namespace) -> None:
         report["kernels"] = check_kernels(device, types, args.smoke)
     if "bench" not in skip:
         report["bench"] = run_bench(args.out / "bench", args.smoke)
+    if "tune" not in skip:
+        report["tune"] = run_tune(args.out / "tune", args.smoke)
     if "model" not in skip:
         try:
             with tempfile.TemporaryDirectory() as work:

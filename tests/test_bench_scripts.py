@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow  # the scripts end to end
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +27,7 @@ def test_bench_gpu_smoke(tmp_path):
 
 
 def test_gpu_check_smoke(tmp_path):
-    """The prepared GPU check (scripts/gpu_check.py) end to end on CPU: its three parts run and
+    """The prepared GPU check (scripts/gpu_check.py) end to end on CPU: its four parts run and
     report, the kernels of two types pass (a K-quant and a grid type; every type's kernels are
     tests/test_kernels.py's; expert products included: a GEMV a pair and one-expert tiles), the
     small llama's greedy tokens match."""
@@ -38,9 +41,48 @@ def test_gpu_check_smoke(tmp_path):
                                                         "expert_matmul"}
     assert report["bench"]["returncode"] == 0, report["bench"]
     assert (tmp_path / "bench" / "bench_gpu.md").is_file()
+    assert report["tune"]["returncode"] == 0, report["tune"]
+    assert (tmp_path / "tune" / "tuned_configs.md").is_file()
     assert report["model"]["greedy_tokens_equal_cpu_torch_backend"], report["model"]
     assert len(report["model"]["speeds"]) == 6
     assert "## Small llama" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_tune_kernels_smoke_writes_tiles_that_configs_reads(tmp_path, monkeypatch):
+    """scripts/tune_kernels.py on CPU (the interpreter: its times mean nothing, the code is what
+    is checked): every tile kind of the type timed with its default and each candidate, each
+    candidate's result checked against the default's; the chosen tiles, committed as
+    kernels/tuned_configs.json, are what configs.py launches, and the product is still right."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_kernels.py"), "--smoke", "--types",
+                    "Q4_0", "--out", str(tmp_path)], check=True, capture_output=True, timeout=600)
+    report = json.loads((tmp_path / "tuned_configs.json").read_text())
+    rows = report["timings"]
+    assert {r["kind"] for r in rows} == {"gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64"}
+    assert all("seconds" in r and (r["tile"] is None or r["error"] <= 1e-2) for r in rows), rows
+    assert sum(r["tile"] is None for r in rows) == 4  # the default of each kind, beside the rest
+
+    import gguf_repack_kernels as kernels
+    from ggml_blocks import random_blocks
+
+    from gguf_repack.format.layout import pack
+    from gguf_repack.format.type_table import TYPES_BY_NAME
+
+    tiles = {"gemm_bm16": {"Q4_0": {"BN": 32, "num_warps": 4, "num_stages": 3}},
+             "gemv": {"Q4_0": {"ROWS": 1, "PARTS": 1, "num_warps": 4}}}
+    tuned = tmp_path / "tuned_configs.json"
+    tuned.write_text(json.dumps({**report, "tiles": tiles}))
+    assert kernels.configs.gemm_config("Q4_0", 32, 16, 4096, 128, 132)["BN"] == 128  # the default
+    monkeypatch.setattr(kernels.configs, "TUNED_CONFIGS", tuned)
+    cfg = kernels.configs.gemm_config("Q4_0", 32, 16, 4096, 128, 132)
+    assert (cfg["BN"], cfg["num_stages"]) == (32, 3)
+    assert kernels.configs.gemv_dot_config("Q4_0", 1, 4096, 128, 132)["BN"] == 128  # 32 x 4 warps x 1 row
+    assert kernels.configs.gemm_config("Q4_K", 256, 16, 4096, 16, 132)["BN"] == 64  # not named: default
+    qtype = TYPES_BY_NAME["Q4_0"]
+    blocks = random_blocks(qtype.id, (40, 64), np.random.default_rng(0))
+    planes = {f: torch.from_numpy(v) for f, v in pack(blocks, qtype).items()}
+    dense = torch.from_numpy(gguf.quants.dequantize(blocks.reshape(40, -1), gguf.GGMLQuantizationType.Q4_0))
+    x = torch.randn(16, 64)
+    assert torch.allclose(kernels.matmul(x, planes, "Q4_0", (40, 64)), x @ dense.T, rtol=1e-4, atol=1e-4)
 
 
 def test_bench_hf_runs_on_smollm2(smollm2):
