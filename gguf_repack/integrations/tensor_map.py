@@ -38,6 +38,11 @@ _JOINED_GATE_UP = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.gate_up_proj"
 _EXPERT_BIAS = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.(?P<proj>gate_up|down)_proj_bias"
 
 
+# llama.cpp's expert stacks and their biases (one tensor per role, all experts of a layer), by
+# full name: the engines place these with their experts module, not one parameter each
+EXPERT_TENSOR = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|down)_exps\.(?P<kind>weight|bias)")
+
+
 def skip_reason(gguf_name: str) -> str | None:
     return next((why for pattern, why in SKIPPED.items() if re.fullmatch(pattern, gguf_name)), None)
 

@@ -163,6 +163,20 @@ class QTensor:
         return self._with(self.shape[1:], {k: p[e] for k, p in self.planes.items()})
 
 
+def add_expert_bias(y: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """An expert_matmul result y (T, k, N) plus each slot's expert's bias (E, N); another
+    rank's expert (-1) adds none. What both engines' expert layers add (gpt-oss)."""
+    if bias is None:
+        return y
+    return y + torch.where(ids[..., None] >= 0, bias[ids.clamp(min=0)], 0).to(y.dtype)
+
+
+def interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate and up as columns g0 u0 g1 u1 ...: how gpt-oss's gating (transformers' and vLLM's
+    own code) takes them."""
+    return torch.stack([gate, up], dim=-1).flatten(-2)
+
+
 def join_rows(tensors: list[QTensor]) -> QTensor:
     """The rows of `tensors` one after another (along N): gate and up of an expert stack as one
     weight, as engines fuse them. Exact: the planes are concatenated, the blocks unchanged.

@@ -10,7 +10,6 @@ weight is ever dequantized whole.
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from pathlib import Path
 
@@ -19,9 +18,14 @@ from torch import nn
 
 from gguf_repack.errors import FormatError, RepackError
 from gguf_repack.integrations.architectures import describe_support, support
-from gguf_repack.integrations.tensor_map import TensorMapping, meta_model, without_quantization_config
+from gguf_repack.integrations.tensor_map import (
+    EXPERT_TENSOR,
+    TensorMapping,
+    meta_model,
+    without_quantization_config,
+)
 from gguf_repack.runtime.loader import RepackedModel, load
-from gguf_repack.runtime.qtensor import QTensor
+from gguf_repack.runtime.qtensor import QTensor, interleave
 
 from .modules import QuantEmbedding, QuantExperts, QuantLinear
 
@@ -71,11 +75,11 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
         module = model.get_submodule(module_name)
-        role = re.search(r"\.ffn_(gate|up|down)_exps\.(weight|bias)$", gguf_name)
-        if role and len(tensor.shape) == (3 if role[2] == "weight" else 2):
+        role = EXPERT_TENSOR.fullmatch(gguf_name)
+        if role and len(tensor.shape) == (3 if role["kind"] == "weight" else 2):
             # an expert stack or its biases: placed with its module's others
             if not plain_only:
-                key = role[1] + ("_bias" if role[2] == "bias" else "")
+                key = role["role"] + ("_bias" if role["kind"] == "bias" else "")
                 expert_stacks.setdefault(module_name, {})[key] = (
                     mapping.quantized(gguf_name, tensor) if isinstance(tensor, QTensor)
                     else mapping.plain(gguf_name, tensor, dtype))
@@ -187,7 +191,7 @@ def _activation(module):
     gpt-oss's `_apply_gate` takes gate and up interleaved (its gate_up_proj's column order)."""
     if type(module).__name__ == "GptOssExperts":
         apply_gate = module._apply_gate
-        return lambda gate, up: apply_gate(torch.stack([gate, up], dim=-1).flatten(-2))
+        return lambda gate, up: apply_gate(interleave(gate, up))
     act_fn = module.act_fn
     return lambda gate, up: act_fn(gate) * up
 

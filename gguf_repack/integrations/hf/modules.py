@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gguf_repack.runtime.qtensor import QTensor, join_rows
+from gguf_repack.runtime.qtensor import QTensor, add_expert_bias, join_rows
 
 _PREFIX = "plane_"
 
@@ -124,17 +124,10 @@ class QuantExperts(nn.Module):
         else:
             gate = self.stack("gate").expert_matmul(hidden_states, ids, self.backend)
             up = self.stack("up").expert_matmul(hidden_states, ids, self.backend)
-        gate, up = self._biased(gate, self.gate_bias, ids), self._biased(up, self.up_bias, ids)
+        gate, up = add_expert_bias(gate, self.gate_bias, ids), add_expert_bias(up, self.up_bias, ids)
         down = self.stack("down").expert_matmul(self.activation(gate, up), ids, self.backend)
-        down = self._biased(down, self.down_bias, ids)
+        down = add_expert_bias(down, self.down_bias, ids)
         return (down * top_k_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(hidden_states.dtype)
-
-    @staticmethod
-    def _biased(y: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-        """y (T, k, N) plus each slot's expert's bias; another rank's expert (-1) adds none."""
-        if bias is None:
-            return y
-        return y + torch.where(ids[..., None] >= 0, bias[ids.clamp(min=0)], 0).to(y.dtype)
 
     def extra_repr(self) -> str:
         types = ", ".join(f"{name}={qtype.name}" for name, (qtype, _) in self.stacks.items())

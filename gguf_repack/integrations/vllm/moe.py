@@ -22,7 +22,7 @@ from vllm.model_executor.layers.activation import SwigluOAIAndMul
 from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
-from gguf_repack.runtime.qtensor import QTensor, plane_torch_dtype
+from gguf_repack.runtime.qtensor import QTensor, add_expert_bias, interleave, plane_torch_dtype
 
 from .quant import PLANE
 
@@ -53,7 +53,7 @@ def _swigluoai():
     """gpt-oss's clamped SwiGLU, vLLM's own (which takes gate and up interleaved); made while
     the model is built, where vLLM's custom ops may be."""
     op = SwigluOAIAndMul()
-    return lambda gate, up: op.forward_native(torch.stack([gate, up], dim=-1).flatten(-2))
+    return lambda gate, up: op.forward_native(interleave(gate, up))
 
 
 # vLLM's activation name -> a maker of activation(gate, up)
@@ -184,17 +184,11 @@ class RepackMoEMethod(FusedMoEMethodBase):
         else:
             gate = rp1_expert_matmul(x, ids, *_call(weights["w1"]))
             up = rp1_expert_matmul(x, ids, *_call(weights["w3"]))
-        gate, up = self._biased(layer, "gate", gate, ids), self._biased(layer, "up", up, ids)
+        gate = add_expert_bias(gate, getattr(layer, BIAS + "gate", None), ids)
+        up = add_expert_bias(up, getattr(layer, BIAS + "up", None), ids)
         down = rp1_expert_matmul(self.activation(gate, up), ids, *_call(weights["w2"]))
-        down = self._biased(layer, "down", down, ids)
+        down = add_expert_bias(down, getattr(layer, BIAS + "down", None), ids)
         if layer.apply_router_weight_on_input:  # the router weights are in x already
             return down.sum(dim=1).to(x.dtype)
         return (down * topk_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(x.dtype)
 
-    @staticmethod
-    def _biased(layer, role: str, y: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """y (T, k, N) plus each slot's expert's bias; another rank's expert (-1) adds none."""
-        bias = getattr(layer, BIAS + role, None)
-        if bias is None:
-            return y
-        return y + torch.where(ids[..., None] >= 0, bias[ids.clamp(min=0)], 0).to(y.dtype)

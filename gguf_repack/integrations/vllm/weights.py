@@ -24,15 +24,13 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from gguf_repack.format.manifest import QUANT_METHOD
-from gguf_repack.integrations.tensor_map import TensorMapping
+from gguf_repack.integrations.tensor_map import EXPERT_TENSOR, TensorMapping
 from gguf_repack.runtime.loader import RepackedModel, load
 from gguf_repack.runtime.qtensor import QTensor
 
 from .quant import PLANE, decoder_layer
 
 logger = init_logger("vllm.gguf_repack")  # under vllm's logger, which vLLM configures
-# an expert stack of the file (placed by the plugin's loader, not the model's load_weights)
-EXPERTS = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|down)_exps\.(?P<kind>weight|bias)")
 
 
 @lru_cache(maxsize=4)
@@ -63,7 +61,9 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             continue
         counts["read"] += 1
         tensor = repacked[gguf_name]
-        if EXPERTS.fullmatch(gguf_name) and (isinstance(tensor, QTensor) or gguf_name.endswith(".bias")):
+        # an expert stack of the file (placed by the plugin's loader, not the model's load_weights)
+        expert = EXPERT_TENSOR.fullmatch(gguf_name)
+        if expert and (isinstance(tensor, QTensor) or expert["kind"] == "bias"):
             if expert_stack is None:
                 raise ValueError(f"gguf_repack: {gguf_name} is an expert stack; iter_weights needs "
                                  f"expert_stack to place it")
@@ -191,7 +191,7 @@ def _expert_placer(model) -> Callable[[str, QTensor], None]:
             layers[decoder_layer(method.prefix)] = module
 
     def place(gguf_name: str, stack: QTensor | torch.Tensor) -> None:
-        block, role, kind = EXPERTS.fullmatch(gguf_name).groups()
+        block, role, kind = EXPERT_TENSOR.fullmatch(gguf_name).groups()
         if int(block) not in layers:
             raise ValueError(f"gguf_repack: {gguf_name}: the model has no experts layer in "
                              f"decoder layer {block}")
