@@ -275,22 +275,13 @@ def lookup16_nibbles(b, TABLE, PTX_LOW: tl.constexpr, PTX_HIGH: tl.constexpr,
     return tl.reshape(tl.permute(tl.join(low, high), (0, 1, 3, 2)), (R, 8 * G))
 
 
-def nibble_group_columns(block_size: int, run: int) -> list[int]:
-    """Where each value of lookup16_nibbles' order lies in ggml's: a block whose nibbles come
-    in runs of `run` bytes (the low nibbles of a run are weights 2*run*r + i, its high ones
-    2*run*r + run + i); 0 for ggml's order itself. tile_columns is the same on a GPU."""
-    if run == 0:
-        return list(range(block_size))
-    return [2 * run * (4 * (c // 8) // run) + 4 * (c // 8) % run + run * (c // 4 % 2) + c % 4
-            for c in range(block_size)]
-
-
 @triton.jit
 def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
     """The column of x (within a block) that each column of a dequant function's tile
-    multiplies: in order, or with RUN > 0 the nibble-group order of lookup16_nibbles over runs
-    of RUN bytes (nibble_group_columns). x is read in that order at no cost; only its loads
-    narrow to 4 elements."""
+    multiplies: in order, or with RUN > 0 the nibble-group order of lookup16_nibbles for a
+    block whose nibbles come in runs of RUN bytes (a run's low nibbles are weights 2*RUN*r + i,
+    its high ones 2*RUN*r + RUN + i): for RUN = 16, 0-3, 16-19, 4-7, 20-23, ... x is read in
+    that order at no cost; only its loads narrow to 4 elements."""
     c = tl.arange(0, BLOCK)
     if RUN > 0:
         g4 = 4 * (c // 8)

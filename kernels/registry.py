@@ -32,8 +32,8 @@ where a min is added (Q4_1, Q5_1) or a scale is itself a product (IQ4_XS) the ro
 differs, within the GEMM's tolerance). It spares the GEMM converting every weight to float32
 and back, which is most of what it issues at small M. A float16 function that looks its
 nibbles up in place (fields.lookup16_nibbles) returns the block's weights in nibble-group
-order, not ggml's: `f16_nibble_run` says so (the bytes' runs, fields.nibble_group_columns),
-and the GEMM reads x in that order (fields.tile_columns).
+order, not ggml's: `f16_nibble_run` says so (the bytes' runs), and the GEMM reads x in that
+order (fields.tile_columns).
 """
 
 from __future__ import annotations

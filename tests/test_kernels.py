@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 from ggml_blocks import as_q8_0, random_blocks
-from gguf_repack_kernels.fields import nibble_group_columns, tile_columns
+from gguf_repack_kernels.fields import tile_columns
 
 from gguf_repack.format.layout import pack
 from gguf_repack.format.type_table import TYPES_BY_NAME
@@ -311,17 +311,24 @@ def _tile_columns_kernel(OUT, BLOCK: tl.constexpr, RUN: tl.constexpr):
     tl.store(OUT + tl.arange(0, BLOCK), tile_columns(BLOCK, RUN))
 
 
-@pytest.mark.parametrize("block, run", [(32, 0), (32, 16), (64, 8), (256, 16)])
-def test_the_gemm_reads_x_in_the_nibble_group_order(block, run):
-    """The GEMM's x columns (fields.tile_columns, in the kernel) are the host's
-    nibble_group_columns (what the float16 test above undoes), a permutation of the block:
-    for a run of 16 bytes, the 4 low nibbles of bytes 0-3, then their 4 high ones (16-19)."""
+def tile_order(block: int, run: int) -> list[int]:
+    """fields.tile_columns, run in the interpreter: the column of x (within a block) that
+    each column of a float16 dequant function's tile multiplies."""
     got = torch.empty(block, dtype=torch.int32)
     _tile_columns_kernel[(1,)](got, BLOCK=block, RUN=run)
-    assert got.tolist() == nibble_group_columns(block, run)
-    assert sorted(got.tolist()) == list(range(block))
-    if run == 16:
-        assert got.tolist()[:12] == [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7]
+    return got.tolist()
+
+
+def test_the_gemm_reads_x_in_the_nibble_group_order():
+    """The GEMM's x columns for the nibble-group order (lookup16_nibbles): each 4 bytes' low
+    nibbles, then their high ones, within runs of bytes (IQ4_NL, MXFP4, IQ4_XS: 16; NVFP4: 8),
+    a permutation of the block; in order without."""
+    assert tile_order(32, 0) == list(range(32))
+    assert tile_order(32, 16) == [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
+                                  8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31]
+    assert tile_order(64, 8) == [s * 16 + c for s in range(4)
+                                 for c in (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)]
+    assert tile_order(256, 16) == [32 * r + c for r in range(8) for c in tile_order(32, 16)]
 
 
 @pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16 is not None])
@@ -333,8 +340,8 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
     Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and the interpreter rounds d * q
     first: within those two roundings, of d * q and of the sum. IQ4_XS rounds d times its
     sub-block scale, then the product: within two roundings. A function that keeps its
-    nibbles in place returns them in nibble-group order (registry.py), undone here with
-    fields.nibble_group_columns."""
+    nibbles in place returns them in nibble-group order (registry.py): compared in that
+    order (fields.tile_columns, held to it by the test above)."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
@@ -347,7 +354,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
         n = 256
         qtype, planes = make_planes(name, (n, k), rng)
         planes["e"][..., 0] = torch.arange(256, dtype=torch.uint8)
-    order = torch.tensor(nibble_group_columns(qtype.block_size, fmt.f16_nibble_run))
+    order = torch.tensor(tile_order(qtype.block_size, fmt.f16_nibble_run))
     exact = dequantize_planes(planes, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
     expected = exact.half()
     got = torch.empty(n, k, dtype=torch.float16)
