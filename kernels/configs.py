@@ -135,8 +135,10 @@ MOE_GEMV_MAX_ROWS = GEMV_MAX_M
 def moe_config(type_name: str, block_size: int, rows_per_expert: float) -> dict:
     """The expert GEMM's tile (moe.py), by the routed rows an expert gets on average: at
     decode (a few) the fused GEMM's M <= 16 tile, whose padding rows cost issue but no weight
-    bytes; for prefill's long runs the BM = 32 / 64 tiles. No split K: the experts' tiles are
-    the parallelism. Not measured on a GPU yet."""
+    bytes; for longer runs the BM = 32 / 64 tiles, up to dequantize_matmul_min_m rows an
+    expert, where prefill's long runs take each chosen expert dequantized, then torch.matmul
+    (dispatch.expert_matmul). No split K: the experts' tiles are the parallelism. Not
+    measured on a GPU yet."""
     bm = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
     bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
     return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}

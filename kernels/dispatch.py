@@ -50,10 +50,11 @@ def _split(shape, fmt):
     return n_lead, n, k, k // fmt.block_size
 
 
-def _per_expert(planes: dict[str, torch.Tensor], n_lead: int):
-    """2-D plane sets [B, N, count] of each leading index (experts of a stack)."""
+def _per_expert(planes: dict[str, torch.Tensor], n_lead: int, experts=None):
+    """2-D plane sets [B, N, count] of each leading index (experts of a stack), or of those
+    in `experts`."""
     flat = {f: p.reshape(n_lead, *p.shape[-3:]) for f, p in planes.items()}
-    for e in range(n_lead):
+    for e in range(n_lead) if experts is None else experts:
         yield {f: p[e] for f, p in flat.items()}
 
 
@@ -220,7 +221,10 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
     """Each routed token times its experts, for an expert stack W of torch shape (E, N, K):
     x (T, K) (one input per token) or (T, k, K) (one per token and slot), expert_ids (T, k),
     -1 for none. Result (T, k, N) in x's dtype: out[t, j] = x[t (, j)] @ W[expert_ids[t, j]].T,
-    zeros where the id is -1. One launch for all experts (moe.py)."""
+    zeros where the id is -1. By the routed rows an expert gets on average, as the dense
+    matmul by M: a GEMV a (token, slot) pair, or one launch of tiles for all experts
+    (moe.py), or from configs.dequantize_matmul_min_m on (prefill's long runs) each chosen
+    expert's weight dequantized once, then torch.matmul."""
     fmt = _format(type_name)
     n_experts, n, k = shape
     b = k // fmt.block_size
@@ -247,6 +251,8 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
                               SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.to(x.dtype).reshape(t, top, n)
+    if t * top / max(hit, 1) >= configs.dequantize_matmul_min_m(fmt.block_size):
+        return _experts_dequantized(x2, ids, planes, type_name, shape, x.dim() == 3, out)
     cfg = configs.moe_config(type_name, fmt.block_size, t * top / max(hit, 1))
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     if tile_expert.numel() == 0:
@@ -257,4 +263,26 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
                           **gemm_dequant(fmt, x.dtype == torch.float16), num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"])
+    return out.reshape(t, top, n)
+
+
+def _experts_dequantized(x2: torch.Tensor, ids: torch.Tensor, planes: dict[str, torch.Tensor],
+                         type_name: str, shape, x_per_slot: bool, out: torch.Tensor) -> torch.Tensor:
+    """expert_matmul for long runs an expert: the pairs grouped by expert with one sort, then
+    for each chosen expert its weight dequantized into x's dtype (the dequantize kernel) and
+    its rows multiplied by torch.matmul, as the dense path does from the same M on; the
+    weights of experts no token chose are never read. `out` is zeros [T * k, N]."""
+    n_experts, n, k = shape
+    t, top = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    chosen, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    x_of_pair = order if x_per_slot else order // top
+    starts = torch.cumsum(counts, 0) - counts
+    chosen, counts, starts = chosen.tolist(), counts.tolist(), starts.tolist()
+    live = [i for i, e in enumerate(chosen) if e >= 0]
+    for i, expert in zip(live, _per_expert(planes, n_experts, [chosen[i] for i in live])):
+        pairs = slice(starts[i], starts[i] + counts[i])
+        w = dequantize(expert, type_name, (n, k), x2.dtype)
+        out[order[pairs]] = x2[x_of_pair[pairs]] @ w.T
     return out.reshape(t, top, n)

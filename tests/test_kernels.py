@@ -381,15 +381,22 @@ EXPERT_GEMV_TYPES = {"Q4_0", "Q8_0", "MXFP4", "Q4_K", "Q2_K"}
 
 
 @pytest.mark.parametrize("name, path", [(name, path) for name in KERNEL_TYPES
-                                        for path in ("gemv", "tiles")
+                                        for path in ("gemv", "tiles", "dequantize")
                                         if path == "tiles" or name in EXPERT_GEMV_TYPES])
 def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, monkeypatch):
-    """The expert products (one launch for all experts: a GEMV per pair at a few rows an
-    expert, BM-row tiles of one expert each above) against plain PyTorch on the torch
-    backend's weights: x per token (gate, up) and per slot (down), an expert no token chose,
-    -1 (another rank's expert) giving zeros; float32 and float16 x."""
-    if path == "tiles":
+    """The expert products (a GEMV per pair at a few rows an expert, BM-row tiles of one
+    expert each above, one launch for all experts either way; for long runs each chosen
+    expert dequantized, then torch.matmul) against plain PyTorch on the torch backend's
+    weights: x per token (gate, up) and per slot (down), an expert no token chose, -1
+    (another rank's expert) giving zeros; float32 and float16 x."""
+    if path in ("tiles", "dequantize"):
         monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)
+    if path == "dequantize":  # the long-run threshold, down to these few rows an expert
+        monkeypatch.setattr(kernels.configs, "dequantize_matmul_min_m", lambda block_size: 1)
+        dequantized = []
+        real = kernels.dispatch.dequantize
+        monkeypatch.setattr(kernels.dispatch, "dequantize",
+                            lambda planes, *a: dequantized.append(a) or real(planes, *a))
     qtype = TYPES_BY_NAME[name]
     experts, n, k = 4, 37, qtype.block_size
     qtype, planes = make_planes(name, (experts, n, k), rng)
@@ -412,6 +419,8 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
     ref_h = torch.einsum("tk,tjnk->tjn", rows_h, dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
     assert got_h.dtype == torch.float16
     assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, name
+    if path == "dequantize":  # experts 0, 2, 3 once per call (3 calls), never expert 1
+        assert len(dequantized) == 9 and {a[2] for a in dequantized} == {torch.float32, torch.float16}
     empty = kernels.expert_matmul(torch.zeros(0, k), torch.zeros(0, 2, dtype=torch.long), planes, name,
                                   (experts, n, k))
     assert empty.shape == (0, 2, n)
