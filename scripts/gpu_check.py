@@ -13,8 +13,8 @@ Writes gpu_check.json and gpu_check.md into --out, in four parts:
 1. kernels: every type's planes (random valid blocks) on the device; dequantize and embedding
    bit for bit equal to the torch backend on the same device, matmul within tolerance of x @
    (the torch backend's dense weight).T at M in 0, 1, 3, 8, 16, 33, 256, 2048, and the expert
-   products of a 16-expert stack (decode: 1 and 8 tokens of 8 experts each; 256 tokens of 2)
-   against plain PyTorch; every failure named.
+   products of a 16-expert stack (decode: 1 and 8 tokens of 8 experts each; 256 and 2048
+   tokens of 2) against plain PyTorch; every failure named.
 2. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS (its own
    bench_gpu.json / .md in --out/bench).
 3. tune: scripts/tune_kernels.py for the same six types, 90 s of compiles at most (then it
@@ -128,12 +128,13 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
         row("matmul", m, matmul)
 
     # expert products (kernels/moe.py): a stack of E experts, tokens routed to k of them, at
-    # decode (the GEMV a pair) and with long runs an expert (the tiles)
+    # decode (the GEMV a pair), with longer runs an expert (the tiles) and prefill's long runs
+    # (each chosen expert dequantized, then torch.matmul: 256 rows an expert)
     experts = 4 if smoke else 16
     stack_blocks = random_blocks(qtype.id, (experts, n, k), rng)
     stack = {f: torch.from_numpy(v).to(device) for f, v in pack(stack_blocks, qtype).items()}
     stack_dense = dequantize_planes(stack, qtype).reshape(experts, n, k)
-    for tokens, top in ((1, 2), (24, 2)) if smoke else ((1, 8), (8, 8), (256, 2)):
+    for tokens, top in ((1, 2), (24, 2)) if smoke else ((1, 8), (8, 8), (256, 2), (2048, 2)):
         def expert_matmul(tokens=tokens, top=top):
             gen = torch.Generator().manual_seed(tokens)
             ids = torch.stack([torch.randperm(experts, generator=gen)[:top]
@@ -143,7 +144,9 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
             pairs_per_expert = tokens * top / len(ids.unique())
             if kernels.FORMATS[name].x_int8 and pairs_per_expert <= kernels.configs.MOE_GEMV_MAX_ROWS:
                 xr = torch.from_numpy(as_q8_0(x.cpu().numpy())).to(device)
-            ref = torch.einsum("tk,tjnk->tjn", xr, stack_dense[ids])
+            # every token times every expert, then each slot's: no (T, k, N, K) gather
+            every = torch.einsum("tk,enk->ten", xr, stack_dense)
+            ref = every.gather(1, ids[..., None].expand(-1, -1, n))
             got = kernels.expert_matmul(x, ids, stack, name, (experts, n, k))
             if got.shape != (tokens, top, n):
                 return f"shape {tuple(got.shape)}"
