@@ -245,7 +245,7 @@ def mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     float16 exactly, then 2**b, b = (e - 128) - a clamped to -24..15, which rounds once. Where
     b is clamped the product is 0 or infinite either way (12 * 2**-38 < 2**-25; 2**26)."""
     # one byte a row, loaded as [R] and broadcast (as field_h does): row_u8's layout, or
-    # field_bytes' [R, 1], sent the GEMM's tile through shared memory (30 more instructions)
+    # field_bytes' [R, 1], sent the GEMM's tile through shared memory (16-19 more instructions)
     e = tl.load(P0.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64), mask=mask, other=0)
     k = e.to(tl.int32)[:, None] - 128
     a = tl.minimum(tl.maximum(k, -14), 11)
