@@ -1,0 +1,312 @@
+"""GGUF files made by llama.cpp's own converter, `convert_hf_to_gguf.py`, from tiny random
+transformers models: the reference for what llama.cpp really writes (tests/arch_models.py is
+an imitation of it, kept for what the converter cannot write: a quant type per projection).
+
+The converter, its `conversion/` package and the gguf-py it carries come from the
+llama-cpp-python source distribution on the package index (pinned, sha256 checked), unpacked
+once into the cache (~/.cache/gguf-repack/llama.cpp-VERSION, or $GGUF_REPACK_MODELS/..). It is
+pure Python: it runs here on torch and transformers, with its own gguf-py first on the path.
+`--outtype f32, f16, bf16, q8_0` need no build of llama.cpp.
+
+The models (`MODELS`): one per architecture of the README's table and its distinctive
+variants (tied and untied embeddings, each rope scaling, Falcon-40B's decoder, GPT-2 at
+another context, a shared expert), every weight random and rounded to bfloat16 once, so that
+the F32, F16 and BF16 files hold the same values and one transformers model is the reference
+for all three. BPE tokenizers are SmolLM2's (its pre-tokenizer is one the converter knows);
+architectures whose converter reads only SentencePiece get a tiny one trained here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import torch
+
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+_VENDOR = "vendor/llama.cpp/"
+_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def cache_root() -> Path:
+    from gguf_repack.models import cache_dir
+
+    return cache_dir().parent
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """One process at a time makes `path` (pytest-xdist workers share the cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def converter_dir() -> Path:
+    """The unpacked converter: convert_hf_to_gguf.py, conversion/, gguf-py/."""
+    version = LLAMA_CPP_PYTHON.split("==")[1]
+    target = cache_root() / f"llama.cpp-{version}"
+    with _locked(target):
+        if (target / "convert_hf_to_gguf.py").is_file():
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                                   ":all:", "--quiet",
+                                   "--disable-pip-version-check", "--dest", tmp, LLAMA_CPP_PYTHON],
+                                  capture_output=True, text=True)
+            sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+            if not sdists:  # (pip may fail preparing metadata after the download itself)
+                raise RuntimeError(f"pip download {LLAMA_CPP_PYTHON} failed: {proc.stderr[-2000:]}")
+            digest = hashlib.sha256(sdists[0].read_bytes()).hexdigest()
+            if digest != SDIST_SHA256:
+                raise RuntimeError(f"{sdists[0].name}: sha256 {digest}, expected {SDIST_SHA256}")
+            unpacked = Path(tmp) / "unpacked"
+            with tarfile.open(sdists[0]) as tar:
+                prefix = tar.getnames()[0].split("/")[0] + "/" + _VENDOR
+                members = [m for m in tar.getmembers()
+                           if m.name.startswith(prefix) and m.name[len(prefix):].startswith(_MEMBERS)]
+                for m in members:
+                    m.name = m.name[len(prefix):]
+                tar.extractall(unpacked, members=members, filter="data")
+            os.replace(unpacked, target)
+    return target
+
+
+# -- tokenizers ------------------------------------------------------------------------------
+
+
+def bpe_tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer (from the real test file, through transformers' GGUF conversion),
+    saved as tokenizer.json: a GPT-2-style BPE whose pre-tokenizer hash the converter knows."""
+    target = cache_root() / "tokenizers" / "smollm2"
+    with _locked(target):
+        if not (target / "tokenizer.json").is_file():
+            from transformers import AutoTokenizer
+
+            from gguf_repack.models import fetch
+
+            src = fetch("smollm2")
+            tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                tok.save_pretrained(tmp)
+                # the class a GPT-2-style BPE's repository names (phi3's converter reads it)
+                config = json.loads((Path(tmp) / "tokenizer_config.json").read_text())
+                config["tokenizer_class"] = "GPT2Tokenizer"
+                (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+                os.replace(tmp, target)
+    return target
+
+
+SPM_VOCAB = 320
+
+
+def spm_tokenizer_dir() -> Path:
+    """A tiny SentencePiece model (tokenizer.model) for the converters that read only that:
+    trained here on a fixed text, byte fallback on, one thread (deterministic)."""
+    target = cache_root() / "tokenizers" / f"spm-{SPM_VOCAB}"
+    with _locked(target):
+        if not (target / "tokenizer.model").is_file():
+            import sentencepiece as spm
+
+            text = ("The three primary colors are red, yellow and blue. " * 3 +
+                    "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
+                    "The capital of France is Paris, and the capital of Italy is Rome.\n") * 20
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                (Path(tmp) / "text.txt").write_text(text)
+                spm.SentencePieceTrainer.train(
+                    input=str(Path(tmp) / "text.txt"), model_prefix=str(Path(tmp) / "tokenizer"),
+                    vocab_size=SPM_VOCAB, model_type="bpe", byte_fallback=True, num_threads=1,
+                    character_coverage=1.0, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+                    hard_vocab_limit=False, minloglevel=2)
+                (Path(tmp) / "text.txt").unlink()
+                (Path(tmp) / "tokenizer.vocab").unlink()
+                (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(
+                    {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                     "add_bos_token": True, "tokenizer_class": "LlamaTokenizer"}))
+                os.replace(tmp, target)
+    return target
+
+
+# -- the models ------------------------------------------------------------------------------
+
+_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256)
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 16, "rope_theta": 10000.0}
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+# name -> (transformers model_type, config overrides, tokenizer kind, what the variant is)
+MODELS: dict[str, tuple[str, dict, str]] = {
+    "llama": ("llama", dict(_SMALL, tie_word_embeddings=True), "bpe"),
+    "llama-untied": ("llama", dict(_SMALL, tie_word_embeddings=False), "bpe"),
+    "llama-rope-llama3": ("llama", dict(_SMALL, tie_word_embeddings=True, rope_parameters=_LLAMA3), "bpe"),
+    "llama-rope-linear": ("llama", dict(_SMALL, tie_word_embeddings=False, rope_parameters={
+        "rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}), "bpe"),
+    "llama-rope-yarn": ("llama", dict(_SMALL, max_position_embeddings=64, rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "rope_theta": 10000.0}), "bpe"),
+    "mistral": ("mistral", dict(_SMALL, tie_word_embeddings=False), "bpe"),
+    "mixtral": ("mixtral", dict(_SMALL, tie_word_embeddings=False, num_local_experts=4,
+                                num_experts_per_tok=2), "bpe"),
+    "gemma2": ("gemma2", dict(_SMALL, head_dim=16, sliding_window=8), "spm"),
+    "gemma3": ("gemma3_text", dict(_SMALL, head_dim=16, sliding_window=8, num_hidden_layers=3,
+                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                       "rope_theta": 1000000.0},
+                                                    "sliding_attention": {"rope_type": "default",
+                                                                          "rope_theta": 10000.0}}), "bpe"),
+    # (transformers 5 gives a qwen2 directory its Qwen2Tokenizer, whose pre-tokenizer on
+    # SmolLM2's vocabulary the converter does not know; its SentencePiece path it takes first)
+    "qwen2": ("qwen2", dict(_SMALL, tie_word_embeddings=True), "spm"),
+    "qwen2-rope-yarn": ("qwen2", dict(_SMALL, tie_word_embeddings=False, max_position_embeddings=64,
+                                      rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 16,
+                                                       "rope_theta": 1000000.0}), "spm"),
+    "qwen3": ("qwen3", dict(_SMALL, head_dim=16, tie_word_embeddings=True), "bpe"),
+    "phi3": ("phi3", dict(_SMALL, tie_word_embeddings=False, pad_token_id=2), "bpe"),
+    "phi3-longrope": ("phi3", dict(_SMALL, tie_word_embeddings=False, pad_token_id=2,
+                                   max_position_embeddings=256, original_max_position_embeddings=16,
+                                   rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                    "original_max_position_embeddings": 16,
+                                                    "short_factor": [1.0, 1.1, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0],
+                                                    "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]}),
+                      "bpe"),
+    "starcoder2": ("starcoder2", dict(_SMALL, rope_theta=100000.0,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 100000.0}), "bpe"),
+    "stablelm": ("stablelm", dict(_SMALL, tie_word_embeddings=False), "bpe"),
+    "nemotron": ("nemotron", dict(_SMALL, tie_word_embeddings=False), "spm"),
+    "falcon": ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              max_position_embeddings=256, new_decoder_architecture=False,
+                              multi_query=True, num_kv_heads=1, parallel_attn=True, bias=False), "bpe"),
+    "falcon-40b": ("falcon", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_kv_heads=2, max_position_embeddings=256,
+                                  new_decoder_architecture=True, parallel_attn=True, bias=False), "bpe"),
+    "bloom": ("bloom", dict(hidden_size=64, n_layer=2, n_head=4), "bpe"),
+    "gpt2": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, n_ctx=1024), "bpe"),
+    "gpt2-ctx2048": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=2048, n_ctx=2048), "bpe"),
+    "mamba": ("mamba", dict(hidden_size=64, state_size=8, num_hidden_layers=2, expand=2,
+                            conv_kernel=4, time_step_rank=8, tie_word_embeddings=True), "bpe"),
+    "lfm2": ("lfm2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                          layer_types=["conv", "full_attention", "conv"], block_auto_adjust_ff_dim=False),
+             "bpe"),
+    "qwen2moe": ("qwen2_moe", dict(_SMALL, **_MOE, shared_expert_intermediate_size=64,
+                                   tie_word_embeddings=False), "bpe"),
+    "qwen3moe": ("qwen3_moe", dict(_SMALL, **_MOE, head_dim=16, tie_word_embeddings=False), "bpe"),
+    "gpt-oss": ("gpt_oss", dict(_SMALL, head_dim=16, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+                                sliding_window=8, tie_word_embeddings=False,
+                                layer_types=["sliding_attention", "full_attention"],
+                                rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                                 "beta_slow": 1.0, "truncate": False,
+                                                 "original_max_position_embeddings": 16,
+                                                 "rope_theta": 150000.0}), "bpe"),
+}
+
+
+def tokenizer_dir(kind: str) -> Path:
+    return bpe_tokenizer_dir() if kind == "bpe" else spm_tokenizer_dir()
+
+
+def build_model(name: str, dtype=torch.float32):
+    """The transformers model `name` (random weights, seed fixed, every float rounded to
+    bfloat16 once), in `dtype`, eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, overrides, kind = MODELS[name]
+    tok = json.loads((tokenizer_dir(kind) / "tokenizer_config.json").read_text()) if kind == "spm" else None
+    vocab = SPM_VOCAB if tok is not None else 49152
+    config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
+                                  **overrides)
+    torch.manual_seed(int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little"))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            # the default init leaves norms at 1 and biases at 0: random values test their mapping
+            p.copy_((torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.1) + (1.0 if p.dim() == 1 else 0.0))
+                    .to(torch.bfloat16).float())
+    return model.to(dtype).eval()
+
+
+def hf_model_dir(name: str) -> Path:
+    """`build_model(name)` saved with its tokenizer: the converter's input."""
+    model_type, overrides, kind = MODELS[name]
+    key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, model_type, overrides, kind, _version("transformers"),
+                                     _version("torch")], sort_keys=True).encode()).hexdigest()[:12]
+    target = cache_root() / "llama.cpp-made" / f"{name}-{key}" / "hf"
+    with _locked(target):
+        if not (target / "config.json").is_file():
+            import shutil
+
+            tmp = Path(tempfile.mkdtemp(dir=target.parent))
+            build_model(name).save_pretrained(tmp)
+            for f in tokenizer_dir(kind).iterdir():
+                if f.is_file() and f.suffix != ".lock":
+                    shutil.copy(f, tmp / f.name)
+            os.replace(tmp, target)
+    return target
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def llama_cpp_file(name: str, outtype: str) -> Path:
+    """Model `name` converted by llama.cpp's convert_hf_to_gguf.py at `outtype` (cached)."""
+    hf = hf_model_dir(name)
+    target = hf.parent / f"{name}-{outtype}.gguf"
+    with _locked(target):
+        if not target.is_file():
+            run_converter([(hf, outtype, target)])
+    return target
+
+
+_DRIVER = """
+import json, runpy, sys
+script = sys.argv[1]
+for model, outtype, outfile in json.loads(sys.argv[2]):
+    sys.argv = [script, model, "--outtype", outtype, "--outfile", outfile + ".part"]
+    runpy.run_path(script, run_name="__main__")
+"""
+
+
+def run_converter(jobs) -> None:
+    """Run the converter in one fresh process for several (hf dir, outtype, out file) jobs (its
+    imports take seconds; each conversion of these models well under one)."""
+    script = converter_dir() / "convert_hf_to_gguf.py"
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    jobs = [(str(hf), outtype, str(out)) for hf, outtype, out in jobs]
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(script), json.dumps(jobs)],
+                          capture_output=True, text=True, env=env, cwd=script.parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{proc.stderr[-4000:]}")
+    for _, _, out in jobs:
+        os.replace(str(out) + ".part", out)
+
+
+def llama_cpp_files(names, outtypes=OUTTYPES) -> dict[tuple[str, str], Path]:
+    """Every (name, outtype) file, the missing ones made in one converter process."""
+    todo = []
+    for name in names:
+        hf = hf_model_dir(name)
+        for outtype in outtypes:
+            target = hf.parent / f"{name}-{outtype}.gguf"
+            if not target.is_file():
+                todo.append((hf, outtype, target))
+    if todo:
+        with _locked(cache_root() / "llama.cpp-made" / "convert"):
+            run_converter([job for job in todo if not job[2].is_file()])
+    return {(name, outtype): hf_model_dir(name).parent / f"{name}-{outtype}.gguf"
+            for name in names for outtype in outtypes}
