@@ -11,9 +11,11 @@ def held_bytes(model) -> dict:
     its modules keep as plain attributes, every storage counted once, by kind: "planes" (rp1
     planes), "weights" (other parameters: norms, float weights), "buffers" (rotary caches and
     the like), "kv_cache" (vLLM's, one storage for all layers: its size is VLLM_CPU_KVCACHE_SPACE
-    or the GPU memory left), and the four largest buffers by name."""
+    or the GPU memory left), and the four largest buffers by name; "experts" is the part of
+    planes and weights that the models' routed-experts layers hold (`.experts.` in the name)."""
     seen: set[int] = set()
     kinds = {"planes": 0, "weights": 0, "buffers": 0, "kv_cache": 0}
+    experts = 0
     buffers: dict[str, int] = {}
     named = [(n, t, "weights") for n, t in model.named_parameters(remove_duplicate=False)]
     named += [(n, t, "buffers") for n, t in model.named_buffers(remove_duplicate=False)]
@@ -26,9 +28,12 @@ def held_bytes(model) -> dict:
         if PLANE_MARK in "." + name:
             kind = "planes"
         kinds[kind] += storage.nbytes()
+        if kind in ("planes", "weights") and ".experts." in "." + name:
+            experts += storage.nbytes()
         if kind == "buffers":
             buffers[name] = storage.nbytes()
-    return {**kinds, "largest_buffers": dict(sorted(buffers.items(), key=lambda kv: -kv[1])[:4])}
+    largest = dict(sorted(buffers.items(), key=lambda kv: -kv[1])[:4])
+    return {**kinds, "experts": experts, "largest_buffers": largest}
 
 
 def _held_by_attributes(model):

@@ -11,6 +11,12 @@ rank 0 alone (the ranks' partial sums are added). The stacks are not routed thro
 `load_weights` (whose expert mapping is for float checkpoints): the plugin's loader places each
 one (`place_stack`, `place_bias`). The product is `QTensor.expert_matmul`: on CPU tokens grouped
 by expert, on CUDA the Triton expert kernels; experts no token chose are never read.
+
+Float expert stacks (an F32, F16 or BF16 file's) are held and computed by vLLM's own unquantized
+fused-MoE method (`RepackFloatMoEMethod`: its `w13_weight` [local experts, 2 x N, K] and
+`w2_weight` in the activation dtype, its kernels), placed by the same loader with the same split.
+A model may mix the two, layer by layer (a file whose first layers' stacks are F16, the rest
+quantized); one layer's gate, up and down must be all float or all quantized.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.activation import SwigluOAIAndMul
-from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase, UnquantizedFusedMoEMethod
 
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
 from gguf_repack.runtime.qtensor import QTensor, add_expert_bias, interleave, plane_torch_dtype
@@ -54,6 +60,26 @@ def _swigluoai():
     the model is built, where vLLM's custom ops may be."""
     op = SwigluOAIAndMul()
     return lambda gate, up: op.forward_native(interleave(gate, up))
+
+
+def local_experts(layer) -> torch.Tensor | None:
+    """This rank's experts (global ids, in local slot order) under expert parallelism."""
+    expert_map = layer.expert_map  # global expert -> local slot, -1 elsewhere (EP)
+    if expert_map is None:
+        return None
+    local = torch.argsort(expert_map.cpu().masked_fill(expert_map.cpu() < 0, 1 << 30))
+    return local[: int((expert_map >= 0).sum())]
+
+
+def check_loaded(method, layer) -> None:
+    """Every stack (and expert bias) of the layer was placed: never a layer computing on the
+    zeros (or the uninitialized memory) it was made with."""
+    missing = {"gate", "up", "down"} - layer.rp1_loaded
+    if method.moe.has_bias:
+        missing |= {"gate biases", "up biases", "down biases"} - layer.rp1_loaded
+    if missing:
+        raise ValueError(f"gguf_repack: {method.prefix}: no {', '.join(sorted(missing))} expert "
+                         f"stack was loaded")
 
 
 # vLLM's activation name -> a maker of activation(gate, up)
@@ -105,15 +131,6 @@ class RepackMoEMethod(FusedMoEMethodBase):
         return QTensor(qtype, shape, {f.name: getattr(layer, f"{PLANE}{name}_{f.name}").data
                                       for f in qtype.fields})
 
-    @staticmethod
-    def _local_experts(layer) -> torch.Tensor | None:
-        """This rank's experts (global ids, in local slot order) under expert parallelism."""
-        expert_map = layer.expert_map  # global expert -> local slot, -1 elsewhere (EP)
-        if expert_map is None:
-            return None
-        local = torch.argsort(expert_map.cpu().masked_fill(expert_map.cpu() < 0, 1 << 30))
-        return local[: int((expert_map >= 0).sum())]
-
     def place_bias(self, layer, role: str, bias: torch.Tensor) -> None:
         """This rank's part of the file's `role` expert biases ([E, N]): its experts, its rows
         of gate's and up's; down's on TP rank 0 only, as the ranks' products are summed."""
@@ -121,7 +138,7 @@ class RepackMoEMethod(FusedMoEMethodBase):
         if target is None:
             raise ValueError(f"gguf_repack: {self.prefix}: the file has {role} expert biases, "
                              f"the model's experts layer has none")
-        local = self._local_experts(layer)
+        local = local_experts(layer)
         if local is not None:
             bias = bias.index_select(0, local)
         parallel = self.moe.moe_parallel_config
@@ -139,7 +156,7 @@ class RepackMoEMethod(FusedMoEMethodBase):
     def place_stack(self, layer, role: str, stack: QTensor) -> None:
         """Put this rank's part of the file's whole `role` stack (gate, up or down; [E, N, K])
         into the layer's planes."""
-        local = self._local_experts(layer)
+        local = local_experts(layer)
         if local is not None:
             stack = QTensor(stack.qtype, (len(local), *stack.shape[1:]),
                             {f: p.index_select(0, local) for f, p in stack.planes.items()})
@@ -162,12 +179,7 @@ class RepackMoEMethod(FusedMoEMethodBase):
         layer.rp1_loaded.add(role)
 
     def process_weights_after_loading(self, layer) -> None:
-        missing = {"gate", "up", "down"} - layer.rp1_loaded
-        if self.moe.has_bias:
-            missing |= {"gate biases", "up biases", "down biases"} - layer.rp1_loaded
-        if missing:
-            raise ValueError(f"gguf_repack: {self.prefix}: no {', '.join(sorted(missing))} expert "
-                             f"stack was loaded")
+        check_loaded(self, layer)
         layer.rp1_weights = {name: self.stack(layer, name) for name in layer.rp1_stacks}
 
     def get_fused_moe_quant_config(self, layer):
@@ -192,3 +204,93 @@ class RepackMoEMethod(FusedMoEMethodBase):
             return down.sum(dim=1).to(x.dtype)
         return (down * topk_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(x.dtype)
 
+
+
+class RepackFloatMoEMethod(UnquantizedFusedMoEMethod):
+    """Float expert stacks in vLLM's own unquantized fused-MoE method: its parameters (w13_weight
+    [local experts, 2 x N, K], w2_weight [local experts, K, N], gpt-oss's w13_bias and w2_bias)
+    in the activation dtype, its kernels (on CPU vLLM's grouped GEMM, on CUDA its Triton fused
+    MoE), filled by the plugin's loader (`place_stack`, `place_bias`) with the quantized
+    method's split: each rank its rows of every expert's gate and up, its columns of down
+    (the ranks' products are summed); gate and up one after the other along N, or interleaved
+    row by row for gpt-oss's SwiGLU (vLLM's `swigluoai` takes them so, as the model's own loader
+    places them)."""
+
+    def __init__(self, moe, prefix: str):
+        super().__init__(moe)
+        self.prefix = prefix
+
+    def create_weights(self, layer, num_experts: int, hidden_size: int,
+                       intermediate_size_per_partition: int, params_dtype: torch.dtype,
+                       **extra_weight_attrs):
+        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition,
+                               params_dtype, **extra_weight_attrs)
+        layer.rp1_loaded = set()
+        # a backend that rounds the sizes up (vLLM's weights are made empty): the rows and
+        # columns beyond the file's stay zeros
+        if (hidden_size, intermediate_size_per_partition) != self._sizes():
+            layer.w13_weight.data.zero_()
+            layer.w2_weight.data.zero_()
+
+    def _sizes(self) -> tuple[int, int]:
+        """The file's hidden size and this rank's intermediate width (vLLM's, before padding)."""
+        return self.moe.hidden_dim_unpadded, self.moe.intermediate_size_per_partition_unpadded
+
+    def _gate_up(self, layer, w13: torch.Tensor, role: str) -> torch.Tensor:
+        """The rows of `role` (gate or up) in w13 ([experts, 2 x N(padded), ...]), a view."""
+        inter = self._sizes()[1]
+        if layer.activation.value == "swigluoai":  # interleaved: gate 0, up 0, gate 1, ...
+            return w13[:, (0 if role == "gate" else 1):2 * inter:2]
+        return w13.narrow(1, 0 if role == "gate" else w13.shape[1] // 2, inter)
+
+    def _rank_part(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's piece of `tensor` along `dim` (vLLM's own split: equal pieces)."""
+        parallel = self.moe.moe_parallel_config
+        size = tensor.shape[dim] // parallel.tp_size
+        return tensor.narrow(dim, parallel.tp_rank * size, size)
+
+    def place_stack(self, layer, role: str, stack: torch.Tensor) -> None:
+        """This rank's part of the file's whole `role` stack (gate, up or down; [E, N, K],
+        float), in the layer's dtype."""
+        local = local_experts(layer)
+        if local is not None:
+            stack = stack.index_select(0, local)
+        hidden, inter = self._sizes()
+        if role == "down":  # row parallel: this rank's columns of the intermediate width
+            part = self._rank_part(stack, 2)
+            target = layer.w2_weight.data[:, :hidden, :inter]
+        else:  # column parallel: each expert's rows
+            part = self._rank_part(stack, 1)
+            target = self._gate_up(layer, layer.w13_weight.data, role)[:, :, :hidden]
+        if part.shape != target.shape:
+            raise ValueError(f"gguf_repack: {self.prefix}: the file's {role} stack "
+                             f"{list(stack.shape)} does not fit this rank's {list(target.shape)}")
+        target.copy_(part)
+        layer.rp1_loaded.add(role)
+
+    def place_bias(self, layer, role: str, bias: torch.Tensor) -> None:
+        """This rank's part of the file's `role` expert biases ([E, N]): its rows of gate's and
+        up's; down's on TP rank 0 only, as the ranks' products are summed."""
+        if not self.moe.has_bias:
+            raise ValueError(f"gguf_repack: {self.prefix}: the file has {role} expert biases, "
+                             f"the model's experts layer has none")
+        local = local_experts(layer)
+        if local is not None:
+            bias = bias.index_select(0, local)
+        hidden, inter = self._sizes()
+        if role == "down":
+            target = layer.w2_bias.data[:, :hidden]
+            if self.moe.moe_parallel_config.tp_rank != 0:
+                bias = torch.zeros_like(bias)
+        else:
+            bias = self._rank_part(bias, 1)
+            target = self._gate_up(layer, layer.w13_bias.data, role)
+        if bias.shape != target.shape:
+            raise ValueError(f"gguf_repack: {self.prefix}: the file's {role} expert biases "
+                             f"{list(bias.shape)} do not fit {list(target.shape)}")
+        target.copy_(bias)
+        layer.rp1_loaded.add(role + " biases")
+
+    def process_weights_after_loading(self, layer) -> None:
+        check_loaded(self, layer)
+        super().process_weights_after_loading(layer)

@@ -141,7 +141,8 @@ class GgufRepackVllmConfig(QuantizationConfig):
 
     def expert_types(self, prefix: str) -> tuple[GGMLType, GGMLType, GGMLType]:
         """The GGUF types of the gate, up and down expert stacks behind the vLLM experts layer
-        `prefix` (model.layers.N.<anything>.experts: one expert layer per decoder layer)."""
+        `prefix` (model.layers.N.<anything>.experts: one expert layer per decoder layer): all
+        quantized or all float."""
         self._load_types()
         block = decoder_layer(prefix)
         names = [f"blk.{'?' if block is None else block}.ffn_{w}_exps.weight" for w in ("gate", "up", "down")]
@@ -150,10 +151,11 @@ class GgufRepackVllmConfig(QuantizationConfig):
             raise ValueError(f"gguf_repack: {prefix}: the directory has no expert stack "
                              f"{', '.join(missing)} (model {self.directory})")
         types = tuple(TYPES_BY_NAME[self._gguf_types[n]] for n in names)
-        if not all(t.is_quantized for t in types):
-            raise ValueError(f"gguf_repack: {prefix}: float expert stacks "
-                             f"({', '.join(t.name for t in types)}) are not supported by the "
-                             f"plugin yet (model {self.directory})")
+        if len({t.is_quantized for t in types}) > 1:
+            raise ValueError(f"gguf_repack: {prefix}: expert stacks partly float, partly quantized "
+                             f"({', '.join(f'{n} {t.name}' for n, t in zip(names, types))}) are not "
+                             f"supported yet: a layer's gate, up and down must be all float or all "
+                             f"quantized (model {self.directory})")
         return types
 
     def _embedding_types(self, layer) -> tuple[str, ...]:
@@ -172,9 +174,12 @@ class GgufRepackVllmConfig(QuantizationConfig):
         from vllm.model_executor.layers.fused_moe import RoutedExperts
 
         if isinstance(layer, RoutedExperts):
-            from .moe import RepackMoEMethod
+            from .moe import RepackFloatMoEMethod, RepackMoEMethod
 
-            return RepackMoEMethod(layer.moe_config, self.expert_types(prefix), prefix)
+            types = self.expert_types(prefix)
+            if not types[0].is_quantized:  # an F32/F16/BF16 file's: vLLM's own method holds them
+                return RepackFloatMoEMethod(layer.moe_config, prefix)
+            return RepackMoEMethod(layer.moe_config, types, prefix)
         if not isinstance(layer, (LinearBase, VocabParallelEmbedding)):
             return None
         types = [TYPES_BY_NAME[t] for t in self.source_types(prefix) or self._embedding_types(layer)]

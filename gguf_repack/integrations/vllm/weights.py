@@ -5,8 +5,8 @@ integration (gguf-py's name map and transformers' fixes: llama's Q/K rows, Gemma
 A quantized tensor comes as its planes, `<module>.rp1_<field>`, which vLLM's own load_weights
 routes to the layer (merging q/k/v and gate/up by the module name) and our weight loaders
 place (the rank's slice, at the shard's offset). A plain tensor comes as itself. An expert
-stack ([E, N, K]) is not a (name, tensor) pair: the loader places it in its experts layer
-directly (moe.py).
+stack ([E, N, K], quantized or float) is not a (name, tensor) pair: the loader places it in its
+experts layer directly (moe.py).
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """The directory's weights under transformers' names; with `wanted`, only the tensors
     whose name it accepts are read (a pipeline stage's layers). `counts` gets "read" and
-    "tensors". Quantized expert stacks and expert biases go to `expert_stack(gguf name, stack)`; a quantized
-    weight of a module that `in_float` names (one the model builds without the quantization
-    config) comes dequantized, as `<module>.weight`."""
+    "tensors". Expert stacks (a QTensor, or float32 for a float stack) and expert biases
+    (float32) go to `expert_stack(gguf name, stack)`; a quantized weight of a module that
+    `in_float` names (one the model builds without the quantization config) comes dequantized,
+    as `<module>.weight`."""
     repacked = load(Path(directory))
     mapping = mapping_for(repacked)
     counts = {} if counts is None else counts
@@ -63,7 +64,7 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
         tensor = repacked[gguf_name]
         # an expert stack of the file (placed by the plugin's loader, not the model's load_weights)
         expert = EXPERT_TENSOR.fullmatch(gguf_name)
-        if expert and (isinstance(tensor, QTensor) or expert["kind"] == "bias"):
+        if expert:
             if expert_stack is None:
                 raise ValueError(f"gguf_repack: {gguf_name} is an expert stack; iter_weights needs "
                                  f"expert_stack to place it")
@@ -124,14 +125,18 @@ class RepackAwareModelLoader(DefaultModelLoader):
         """vLLM's check, with the parameters the plugin fills itself counted as loaded: the
         expert stacks (placed by this loader) and the planes behind the carriers that
         load_weights fills; their methods check those at process_weights_after_loading."""
-        from .moe import RepackMoEMethod
+        from .moe import RepackFloatMoEMethod, RepackMoEMethod
         from .quant import _PlanesMethod
 
         if loaded_weights is None:  # a model that does not say what it loaded: nothing to check
             return
-        placed = {f"{name}.{param}" for name, module in model.named_modules()
-                  if isinstance(getattr(module, "quant_method", None), (RepackMoEMethod, _PlanesMethod))
-                  for param, _ in module.named_parameters(recurse=False) if param.startswith(PLANE)}
+        placed = set()
+        for name, module in model.named_modules():
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, (RepackMoEMethod, RepackFloatMoEMethod, _PlanesMethod)):
+                # (a float experts layer's parameters are all placed by the loader)
+                placed |= {f"{name}.{param}" for param, _ in module.named_parameters(recurse=False)
+                           if param.startswith(PLANE) or isinstance(method, RepackFloatMoEMethod)}
         super().track_weights_loading(model, loaded_weights | placed, quantized)
 
 
@@ -182,12 +187,12 @@ def _held_in_float(model, rename: Callable[[str], str]) -> Callable[[str], bool]
 
 def _expert_placer(model) -> Callable[[str, QTensor], None]:
     """Places blk.N.ffn_{gate,up,down}_exps into the experts layer of decoder layer N."""
-    from .moe import RepackMoEMethod
+    from .moe import RepackFloatMoEMethod, RepackMoEMethod
 
     layers = {}
     for module in model.modules():
         method = getattr(module, "quant_method", None)
-        if isinstance(method, RepackMoEMethod):
+        if isinstance(method, (RepackMoEMethod, RepackFloatMoEMethod)):
             layers[decoder_layer(method.prefix)] = module
 
     def place(gguf_name: str, stack: QTensor | torch.Tensor) -> None:
