@@ -1,5 +1,6 @@
 """vLLM's own MoE models (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss) on gguf-repack directories
-whose expert stacks stay quantized (the plugin's fused-MoE method), against transformers: its
+whose expert stacks stay quantized (the plugin's fused-MoE method), or are float (an F16/F32
+file's: vLLM's unquantized fused-MoE method, placed by the plugin), against transformers: its
 GGUF path for Qwen3-MoE and Qwen2-MoE, and for Mixtral and gpt-oss written as llama.cpp writes
 them, transformers' MixtralForCausalLM and GptOssForCausalLM on gguf-py's dequantization of the
 file (tests/test_moe.py)."""
@@ -7,17 +8,18 @@ file (tests/test_moe.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-from hf_models import tokenizer_kvs, write_moe
+from hf_models import byte_tokenizer_kvs, tokenizer_kvs, write_moe
 from test_moe import gpt_oss_config, gpt_oss_reference, mixtral_config, mixtral_reference
 from test_vllm import (
     PROMPTS,
+    ROOT,
     assert_half_per_rank,
-    run_vllm,
     tensor_bytes,
     transformers_tokens,
     vllm_python,  # noqa: F401 - the fixture
@@ -26,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gguf_repack import convert
 
-pytestmark = pytest.mark.slow  # every test starts vLLM
+pytestmark = pytest.mark.slow  # every test starts vLLM (or imports it)
 # at tensor_parallel_size 2 each rank holds half of every expert's intermediate width (384 of
 # Qwen3-MoE's 768, 128 of gpt-oss's 256 here): down's blocks must divide it, so 32-weight
 # blocks for down here
@@ -34,6 +36,11 @@ EXPERT_TYPES = {"qwen3moe": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP
                 "qwen2moe": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)],
                 "mixtral": [(T.Q4_K, T.Q4_K, T.Q8_0), (T.IQ4_XS, T.Q8_0, T.MXFP4)],
                 "gpt-oss": [(T.MXFP4, T.MXFP4, T.MXFP4), (T.Q4_K, T.Q8_0, T.Q8_0)]}
+# float expert stacks, as an unquantized file holds them (Qwen3-30B-A3B-BF16 and the like): every
+# layer's F16 (Qwen3-MoE), F16 then F32 (Mixtral), and gpt-oss's first layer F16 beside MXFP4
+# (a file mixing the two, layer by layer)
+FLOAT_EXPERT_TYPES = {"qwen3moe": [(T.F16,) * 3], "mixtral": [(T.F16,) * 3, (T.F32,) * 3],
+                      "gpt-oss": [(T.F16,) * 3, (T.MXFP4,) * 3]}
 # vLLM's Mixtral builds its token embedding, and gpt-oss its embedding and output projection, without the
 # quantization config: the plugin hands those dequantized (and says so in the log)
 HELD_IN_FLOAT = {"mixtral": ["token_embd.weight"], "qwen3moe": [], "qwen2moe": [],
@@ -42,14 +49,16 @@ HELD_IN_FLOAT = {"mixtral": ["token_embd.weight"], "qwen3moe": [], "qwen2moe": [
 
 @pytest.fixture(scope="module")
 def moe(smollm2, tmp_path_factory):
-    """{arch: (output directory, the reference's greedy tokens for PROMPTS, its prompt ids)}."""
+    """(arch, float experts) -> (output directory, the reference's prompt ids and greedy tokens
+    for PROMPTS)."""
     made = {}
 
-    def make(arch: str):
-        if arch not in made:
+    def make(arch: str, float_experts: bool = False):
+        if (arch, float_experts) not in made:
             root = tmp_path_factory.mktemp(arch)
+            types = (FLOAT_EXPERT_TYPES if float_experts else EXPERT_TYPES)[arch]
             src = write_moe(root / f"{arch}.gguf", arch, tokenizer_kvs(smollm2), np.random.default_rng(3),
-                            expert_types=EXPERT_TYPES[arch])
+                            expert_types=types)
             convert(src, root / "out")
             if arch in ("mixtral", "gpt-oss"):  # transformers has no GGUF path for them
                 model = (mixtral_reference(src, mixtral_config()) if arch == "mixtral"
@@ -59,8 +68,8 @@ def moe(smollm2, tmp_path_factory):
                 model = AutoModelForCausalLM.from_pretrained(root, gguf_file=src.name,
                                                              dtype=torch.float32).eval()
                 tok = AutoTokenizer.from_pretrained(root, gguf_file=src.name)
-            made[arch] = root / "out", *transformers_tokens(model, tok, PROMPTS, steps=8)
-        return made[arch]
+            made[arch, float_experts] = root / "out", *transformers_tokens(model, tok, PROMPTS, steps=8)
+        return made[arch, float_experts]
     return make
 
 
@@ -70,20 +79,96 @@ def float32_bytes(out, names) -> int:
 
 
 # one tensor-parallel size per model in CI, each vLLM start costing it about a minute: Qwen3-MoE
-# at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01). Qwen2-MoE: its
-# shared expert (plain layers and a sigmoid gate) beside the routed ones
+# at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01; with float experts
+# 2026-12-03). Qwen2-MoE: its shared expert (plain layers and a sigmoid gate) beside the routed
+# ones. Where FLOAT_EXPERT_TYPES has the model, its float-experts directory runs in the same vLLM
+# start, after the quantized one (no start of its own; its ranks are started again, about 35 s
+# here at TP 2, 15 s at TP 1)
 @pytest.mark.parametrize("arch, tp", [
     pytest.param(arch, tp, marks=pytest.mark.architecture("vllm" if tp == 1 else "tp2", arch))
     for arch, tp in [("qwen3moe", 1), ("qwen2moe", 1), ("mixtral", 2), ("gpt-oss", 2)]])
-def test_moe_model_with_quantized_experts_generates_as_transformers(arch, tp, moe, vllm_python):  # noqa: F811
-    out, prompt_ids, tokens = moe(arch)
-    result = run_vllm(vllm_python, out, tp=tp, held_bytes=True, max_tokens=8)
-    assert result["prompt_token_ids"] == prompt_ids
-    assert result["token_ids"] == tokens
-    in_float = HELD_IN_FLOAT[arch]
-    if tp == 1:  # experts held once, in their planes (a float32 copy would be 4-8x)
-        (held,) = result["held_bytes"]
-        limit = 1.02 * tensor_bytes(out, leaving=in_float) + float32_bytes(out, in_float)
-        assert held["planes"] + held["weights"] <= limit, held
-    else:  # each rank half of every expert (its rows of gate and up, its blocks of down)
-        assert_half_per_rank(out, result["held_bytes"], leaving=in_float)
+def test_moe_model_generates_as_transformers_with_quantized_and_with_float_experts(arch, tp, moe,
+                                                                                  vllm_python):  # noqa: F811
+    made = {False: moe(arch)}
+    if arch in FLOAT_EXPERT_TYPES:
+        made[True] = moe(arch, float_experts=True)
+    results = run_vllm_held(vllm_python, [out for out, _, _ in made.values()], tp)
+    for float_experts, (out, prompt_ids, tokens) in made.items():
+        result = results[str(out)]
+        kind = "float experts" if float_experts else "quantized experts"
+        assert result["prompt_token_ids"] == prompt_ids, kind
+        assert result["token_ids"] == tokens, kind
+        ranks = result["held_bytes"]
+        assert len(ranks) == tp
+        # the layers vLLM builds without the quantization config, and float expert stacks:
+        # held in float32 (vLLM's dtype here)
+        in_float = HELD_IN_FLOAT[arch] + float_stacks(out)
+        if float_experts:  # the experts once, float stacks in float32, each rank its half
+            experts = expert_bytes(out)
+            for held in ranks:
+                assert 0.99 * experts / tp <= held["experts"] <= 1.01 * experts / tp, (kind, held)
+        if tp == 1:  # every weight held once; quantized experts in their planes (a float32 copy
+            # would be 4-8x)
+            limit = 1.02 * tensor_bytes(out, leaving=in_float) + float32_bytes(out, in_float)
+            assert ranks[0]["planes"] + ranks[0]["weights"] <= limit, (kind, ranks[0])
+        else:  # each rank half of every expert (its rows of gate and up, its blocks of down)
+            assert_half_per_rank(out, ranks, leaving=in_float)
+
+
+def run_vllm_held(python: str, models: list, tp: int) -> dict[str, dict]:
+    """Greedy tokens (8) for PROMPTS and held bytes of several directories, one after another
+    in one vLLM process (one start of vLLM for them all): {directory: result}."""
+    proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), ",".join(map(str, models)),
+                           *PROMPTS, "--tp", str(tp), "--eager", "--held-bytes", "--max-tokens", "8"],
+                          capture_output=True, text=True, timeout=1800, cwd=models[0].parent)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = [json.loads(line.removeprefix("RESULT ")) for line in proc.stdout.splitlines()
+               if line.startswith("RESULT ")]
+    return {r["model"]: r for r in results}
+
+
+def expert_records(out) -> list[dict]:
+    return [t for t in json.loads((out / "manifest.json").read_text())["tensors"]
+            if t["name"].endswith("_exps.weight")]
+
+
+def float_stacks(out) -> list[str]:
+    return [t["name"] for t in expert_records(out) if t["layout"] != "rp1"]
+
+
+def expert_bytes(out) -> int:
+    """What the experts layers hold: float stacks in float32, quantized ones in their planes
+    (the file's bytes), expert biases (gpt-oss's) in float32."""
+    records = expert_records(out)
+    biases = [t["name"].replace(".weight", ".bias") for t in records]
+    return (float32_bytes(out, float_stacks(out)) + sum(t["source"]["nbytes"] for t in records
+                                                          if t["layout"] == "rp1")
+            + float32_bytes(out, [b for b in biases if b in manifest_names(out)]))
+
+
+def manifest_names(out) -> set[str]:
+    return {t["name"] for t in json.loads((out / "manifest.json").read_text())["tensors"]}
+
+
+def test_a_layer_of_float_and_quantized_stacks_fails_naming_it(tmp_path, vllm_python):  # noqa: F811
+    """One layer's gate and up F16, its down Q8_0 (Qwen2-MoE's down is Q8_0 where its width
+    is not a whole number of 256-weight blocks): the plugin refuses the layer, naming it and
+    its tensors, before any weight is read (vLLM is imported, not started)."""
+    src = write_moe(tmp_path / "m.gguf", "qwen2moe", byte_tokenizer_kvs(), np.random.default_rng(5),
+                    expert_types=[(T.F16,) * 3])
+    out = tmp_path / "out"
+    convert(src, out)
+    code = f"""
+from gguf_repack.integrations.vllm.quant import GgufRepackVllmConfig
+config = GgufRepackVllmConfig(1)
+config.maybe_update_config({str(out)!r})
+try:
+    config.expert_types("model.layers.0.mlp.experts")
+except ValueError as e:
+    print("ERROR", e)
+"""
+    proc = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("ERROR gguf_repack: model.layers.0.mlp.experts: expert stacks partly float, partly "
+            "quantized (blk.0.ffn_gate_exps.weight F16, blk.0.ffn_up_exps.weight F16, "
+            "blk.0.ffn_down_exps.weight Q8_0) are not supported yet") in proc.stdout, proc.stdout
