@@ -38,6 +38,12 @@ def test_pack_matches_reference_and_unpack_inverts_it(name, dims, rng):
     back = unpack(planes, qtype)
     assert back.dtype == np.uint8 and back.shape == blocks.shape
     assert back.tobytes() == blocks.tobytes()
+    # the same planes written into a caller's (larger, dirty) buffer
+    buf = np.full(blocks.nbytes + 7, 0xA5, np.uint8)
+    into = pack(blocks, qtype, buf)
+    for f in qtype.fields:
+        assert into[f.name].dtype == f.plane_dtype and into[f.name].shape == planes[f.name].shape
+        assert into[f.name].tobytes() == planes[f.name].tobytes()
 
 
 def test_planes_hold_one_block_column_contiguously(rng):

@@ -50,12 +50,25 @@ def _field_view(blocks: np.ndarray, f) -> np.ndarray:
     return blocks[..., f.offset : f.offset + f.size].view(f"V{f.size}")[..., 0]
 
 
-def pack(blocks: np.ndarray, qtype: GGMLType) -> dict[str, np.ndarray]:
-    """[E..., N, B, type_size] uint8 GGUF blocks -> {field: [E..., B, N, count] plane}."""
+def pack(blocks: np.ndarray, qtype: GGMLType, out: np.ndarray | None = None
+         ) -> dict[str, np.ndarray]:
+    """[E..., N, B, type_size] uint8 GGUF blocks -> {field: [E..., B, N, count] plane}.
+
+    `out`, a uint8 buffer of at least blocks.nbytes, holds the planes one after another
+    (a caller re-tiling chunk after chunk reuses one buffer: a fresh allocation per chunk
+    costs a page fault and a zeroed page per 4 KiB, more than the copy itself)."""
     assert blocks.dtype == np.uint8 and blocks.shape[-1] == qtype.type_size, blocks.shape
     *lead, n, b, _ = blocks.shape
     blocks = np.ascontiguousarray(blocks)
-    planes = {f.name: np.empty((*lead, b, n), f"V{f.size}") for f in qtype.fields}
+    if out is None:
+        planes = {f.name: np.empty((*lead, b, n), f"V{f.size}") for f in qtype.fields}
+    else:
+        assert out.dtype == np.uint8 and out.nbytes >= blocks.nbytes, (out.dtype, out.nbytes)
+        planes, start = {}, 0
+        for f in qtype.fields:
+            size = blocks.nbytes // qtype.type_size * f.size
+            planes[f.name] = out[start : start + size].view(f"V{f.size}").reshape(*lead, b, n)
+            start += size
     rows = max(1, TILE_BYTES // max(1, b * qtype.type_size))
     for n0 in range(0, n, rows):
         tile = blocks[..., n0 : n0 + rows, :, :]
