@@ -29,7 +29,8 @@ import numpy as np
 
 from gguf_repack.format.manifest import quantization_config
 
-from .reader import GGUFFile, GGUFValueType, StringArray
+from .hf_config import complete_config, unaccounted_keys
+from .reader import GGUFFile, GGUFSet, GGUFValueType, StringArray
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 
@@ -55,10 +56,13 @@ def why_not(gguf: GGUFFile) -> str | None:
     return hf_available()
 
 
-def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> list[str]:
-    """Write the engine files for the model whose first (or only) file is `gguf` into `out`.
-    Returns the names written. Raises EngineFilesSkipped when transformers has no mapping for
-    the architecture or the file holds no tokenizer."""
+def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
+    """Write the engine files for the model `gset` (a file or a split set) into `out`.
+    Returns the names written and warnings (metadata no engine will apply). Raises
+    EngineFilesSkipped when transformers has no mapping for the architecture or the file
+    holds no tokenizer."""
+    gguf = gset.first
+    tensor_names = [t.name for _, t in gset.tensors]
     with _quiet_transformers(), transformers_reads(gguf, tensor_names):
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -74,6 +78,12 @@ def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> li
             raise EngineFilesSkipped(f"transformers could not describe this {arch!r} model "
                                      f"({what})") from None
     config = _gpt_oss_config(_moe_config(config, gguf), gguf)
+    arch = gguf.get("general.architecture")
+    notes = complete_config(config, lambda key: gguf.get(f"{arch}.{key}"), set(tensor_names),
+                            lambda name: _read_f32(gset, name))
+    if unknown := unaccounted_keys(gguf.kvs, arch):
+        notes.append(f"{len(unknown)} metadata keys this converter does not know, not in "
+                     f"config.json: {', '.join(unknown)}")
     # llama.cpp computes logits with output.weight wherever the file has one; transformers'
     # GGUF mapping says "tied" for every Falcon and Bloom file, which an engine that ties
     # (vLLM) takes at its word and drops the file's output projection
@@ -83,7 +93,20 @@ def write_engine_files(gguf: GGUFFile, tensor_names: list[str], out: Path) -> li
     _complete_config(out / "config.json")
     GenerationConfig.from_model_config(config).save_pretrained(out)
     written = tokenizer.save_pretrained(out)
-    return sorted({*CONFIG_FILES, *(Path(p).name for p in written)})
+    return sorted({*CONFIG_FILES, *(Path(p).name for p in written)}), notes
+
+
+def _read_f32(gset: GGUFSet, name: str) -> np.ndarray:
+    """A small float32 tensor of the model (rope factors), read from its file."""
+    for source, info in gset.tensors:
+        if info.name == name:
+            if info.type.name != "F32" or info.nbytes > 1 << 20:
+                raise EngineFilesSkipped(f"{name} is {info.type.name} {list(info.shape)}; "
+                                         f"llama.cpp writes a small F32 vector")
+            with open(gset.files[source].path, "rb") as f:
+                f.seek(info.file_offset)
+                return np.frombuffer(f.read(info.nbytes), dtype="<f4").copy()
+    raise KeyError(name)
 
 
 def _keep_bos_flag(tokenizer, gguf: GGUFFile, source: str) -> None:

@@ -78,6 +78,8 @@ class ConvertSummary:
     seconds: float
     engine_files: list[str] = field(default_factory=list)
     engine_files_skipped: str | None = None  # why, when they were not written
+    # metadata of the file that config.json does not carry, each named
+    engine_file_warnings: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         types = ", ".join(f"{n} {t}" for t, n in self.types.most_common())
@@ -87,6 +89,8 @@ class ConvertSummary:
             line += f"\nengine files: {', '.join(self.engine_files)}"
         if self.engine_files_skipped:
             line += f"\nskipped config.json and tokenizer: {self.engine_files_skipped}"
+        for note in self.engine_file_warnings:
+            line += f"\nwarning: {note}"
         return line
 
 
@@ -135,7 +139,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
                                 for p in planned for e in p.entries}}
         (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
         sources = [_write_source_record(f, i, tmp) for i, f in enumerate(gset.files)]
-        engine_files, skipped = ([], "--weights-only") if weights_only else _engine_files(gset, tmp)
+        (engine_files, notes), skipped = (([], []), "--weights-only") if weights_only else _engine_files(gset, tmp)
         hasher.join_checked()
         for i, (source, digest) in enumerate(zip(sources, hasher.sha256)):
             source["sha256"] = digest
@@ -165,19 +169,20 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
     bytes_out = sum(f.stat().st_size for f in out.iterdir())
     return ConvertSummary(out, len(planned), Counter(p.info.type.name for p in planned),
                           gset.size, bytes_out, time.perf_counter() - t0, engine_files,
-                          None if weights_only else skipped)
+                          None if weights_only else skipped, notes)
 
 
-def _engine_files(gset: GGUFSet, tmp: Path) -> tuple[list[str], str | None]:
+def _engine_files(gset: GGUFSet, tmp: Path) -> tuple[tuple[list[str], list[str]], str | None]:
+    """((files written, warnings about the metadata), why none were written)"""
     from .engine_files import EngineFilesSkipped, why_not, write_engine_files
 
     reason = why_not(gset.first)
     if reason:
-        return [], reason
+        return ([], []), reason
     try:
-        return write_engine_files(gset.first, [t.name for _, t in gset.tensors], tmp), None
+        return write_engine_files(gset, tmp), None
     except EngineFilesSkipped as e:
-        return [], str(e)
+        return ([], []), str(e)
 
 
 def _check_output(out: Path, force: bool) -> None:
@@ -292,6 +297,17 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, unit="B", unit_scale=True, desc="convert", file=sys.stderr)
 
 
+_buffers = threading.local()
+
+
+def _chunk_buffer() -> np.ndarray:
+    """This thread's buffer for the planes of one chunk, allocated once and reused."""
+    buf = getattr(_buffers, "planes", None)
+    if buf is None:
+        buf = _buffers.planes = np.empty(CHUNK_BYTES, np.uint8)
+    return buf
+
+
 def _write_rp1(src: _MappedSource, dst_fd: int, p: _Planned) -> str:
     """Re-tile one tensor, a chunk of whole rows at a time, into its planes; returns the
     checksum of its source bytes."""
@@ -308,7 +324,9 @@ def _write_rp1(src: _MappedSource, dst_fd: int, p: _Planned) -> str:
             start = info.file_offset + (r * n_rows + n0) * row_bytes
             blocks = src.view(start, rows * row_bytes).reshape(rows, n_blocks, type_size)
             digest.update(blocks)
-            planes = pack(blocks, qtype)  # each [B, rows, count]
+            # each [B, rows, count]; a row longer than a chunk gets a buffer of its own
+            buf = _chunk_buffer() if blocks.nbytes <= CHUNK_BYTES else None
+            planes = pack(blocks, qtype, buf)
             for f, entry in fields:
                 run = f.size  # bytes of one row's field, per block column
                 base = entry.offset + r * n_blocks * n_rows * run

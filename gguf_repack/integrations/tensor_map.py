@@ -27,8 +27,9 @@ from gguf_repack.format.manifest import check_quantization_config
 # GGUF tensors that llama.cpp stores and the engines compute instead, by full-name pattern:
 # never a parameter, so never loaded; each with the reason.
 SKIPPED = {
-    r"rope_freqs\.weight": "rope frequencies: the engine computes them from config.json",
-    r"rope_factors_(long|short)\.weight": "rope scaling factors: the engine reads them from config.json",
+    r"rope_freqs\.weight": "Llama 3's rope divisors: config.json has the rope parameters they come "
+                           "from (converter/hf_config.py), and the engine computes them",
+    r"rope_factors_(long|short)\.weight": "LongRoPE's factors: config.json carries them (converter/hf_config.py)",
 }
 
 
@@ -133,6 +134,23 @@ def row_permutation(processor, name: str, n_rows: int, n_cols: int) -> torch.Ten
     return torch.from_numpy(rows.astype(np.int64))
 
 
+def converter_row_order(config: dict, gguf_name: str) -> torch.Tensor | None:
+    """Row orders llama.cpp's converter changes that transformers' GGUF path does not undo:
+    Falcon-40B's fused QKV, which the converter regroups from (per KV group: its queries, one
+    key, one value) to (all queries, all keys, all values). The rows of the model's order,
+    as indices into the file's."""
+    if not (config.get("model_type") == "falcon" and config.get("new_decoder_architecture")
+            and re.fullmatch(r"blk\.\d+\.attn_qkv\.(weight|bias)", gguf_name)):
+        return None
+    n_head, n_kv = config["num_attention_heads"], config["num_kv_heads"]
+    head_dim = config["hidden_size"] // n_head
+    heads = []  # the file's head index of each head in the model's order
+    for group in range(n_kv):
+        heads += [group * (n_head // n_kv) + j for j in range(n_head // n_kv)]
+        heads += [n_head + group, n_head + n_kv + group]
+    return (torch.tensor(heads)[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
+
+
 def process_plain(processor, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """A float tensor (norm, bias, F16/F32 weight) with transformers' fix applied (gemma's norms
     are stored as w + 1)."""
@@ -148,7 +166,8 @@ class TensorMapping:
 
     def __init__(self, model, repacked):
         arch = repacked.metadata["general.architecture"]
-        self.processor = tensor_processor(arch, model.config.to_dict())
+        self.config = model.config.to_dict()
+        self.processor = tensor_processor(arch, self.config)
         hf_names = gguf_to_hf_names(model, arch, self.processor)
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
         self.skipped, unmapped = {}, []
@@ -172,6 +191,8 @@ class TensorMapping:
         return cls(meta_model(AutoConfig.from_pretrained(repacked.path)), repacked)
 
     def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if (rows := converter_row_order(self.config, gguf_name)) is not None:
+            tensor = tensor[rows]
         return process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
 
     def quantized(self, gguf_name: str, weight, conv1d: bool = False):
@@ -183,6 +204,8 @@ class TensorMapping:
             if self.processor.process(weights=probe, name=gguf_name).weights.shape != probe.T.shape:
                 raise RepackError(f"{gguf_name}: a Conv1D weight that transformers does not transpose")
             return weight
+        if (own := converter_row_order(self.config, gguf_name)) is not None:
+            weight = weight.index_rows(own)
         rows = row_permutation(self.processor, gguf_name, weight.shape[-2], weight.shape[-1])
         return weight if rows is None else weight.index_rows(rows)
 

@@ -112,10 +112,18 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
 
 def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:
     current = getattr(module, param, None)
+    if current is not None and current.shape != value.shape and _squeezed(value.shape) == _squeezed(current.shape):
+        # the same values with a unit dimension more or less (llama.cpp writes Qwen2-MoE's
+        # shared-expert gate [1, hidden] as [1, 1, hidden] in torch order)
+        value = value.reshape(current.shape)
     if current is not None and current.shape != value.shape:
         raise FormatError(f"{hf_name}: the GGUF tensor has shape {list(value.shape)}, the model "
                           f"expects {list(current.shape)}")
     module._parameters[param] = nn.Parameter(value, requires_grad=False)
+
+
+def _squeezed(shape) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _place_quantized(model, module_name, module, param, gguf_name, weight: QTensor,
@@ -225,8 +233,12 @@ def _embed_scale(module) -> torch.Tensor | None:
 def _tie_output_embeddings(model, backend: str) -> None:
     """A GGUF without output.weight shares the token embedding with the output projection."""
     output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    if isinstance(output, nn.Linear) and output.weight.is_meta and isinstance(embedding, QuantEmbedding):
-        model.set_output_embeddings(QuantLinear(embedding.qweight, backend=backend, dtype=embedding.dtype))
+    if isinstance(output, nn.Linear) and output.weight.is_meta:
+        if isinstance(embedding, QuantEmbedding):
+            model.set_output_embeddings(QuantLinear(embedding.qweight, backend=backend, dtype=embedding.dtype))
+        elif isinstance(embedding, nn.Embedding) and not embedding.weight.is_meta:
+            # a float file (F32, F16, BF16) of a tied model: one parameter for both
+            output.weight = embedding.weight
     # The quantized modules share their planes already; transformers' own tying works on
     # `.weight` parameters, which they do not have.
     params = dict(model.named_parameters(remove_duplicate=False))

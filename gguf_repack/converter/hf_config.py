@@ -1,0 +1,229 @@
+"""config.json as the inverse of llama.cpp's `convert_hf_to_gguf.py`, where transformers' GGUF
+mapping (GGUF_CONFIG_MAPPING) falls short.
+
+transformers maps most keys, but drops ones that change what the model computes: rope scaling
+of every kind (llama.cpp writes Llama 3's as the `rope_freqs.weight` tensor of per-frequency
+divisors, Phi-3.5's LongRoPE as `rope_factors_long/short.weight`, linear and YaRN as
+`rope.scaling.*` keys, Gemma 3's linear on its global layers only), the rope base of some
+architectures (StarCoder2), Falcon-40B's decoder (`attn_norm_2`, grouped KV heads), GPT-2's
+context, Qwen3's head width. This module sets those, and accounts for every key: each key
+llama.cpp writes is mapped (by transformers or here), listed in IGNORED with the reason an
+engine does not need it, or named in a warning at convert (`unaccounted_keys`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+# Keys (after "<arch>.") that transformers' GGUF mapping or `complete_config` uses for some
+# architecture; whether a given architecture's config uses each is transformers' business.
+MAPPED = {
+    "context_length", "block_count", "feed_forward_length", "embedding_length",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length",
+    "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "attention.sliding_window",
+    "rope.dimension_count", "rope.freq_base", "rope.freq_base_swa", "rope.scaling.type",
+    "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.attn_factor",
+    "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
+    "vocab_size", "expert_count", "expert_used_count", "expert_feed_forward_length",
+    "expert_shared_feed_forward_length", "attn_logit_softcapping", "final_logit_softcapping",
+    "ssm.conv_kernel", "ssm.state_size", "ssm.time_step_rank", "ssm.inner_size", "shortconv.l_cache",
+    "use_parallel_residual",
+}
+# Keys that carry nothing an engine needs from config.json, each with the reason.
+IGNORED = {
+    "general.architecture": "selects the mapping itself",
+    "general.name": "a label",
+    "general.basename": "a label",
+    "general.size_label": "a label",
+    "general.finetune": "a label",
+    "general.type": "'model' for every file an engine loads",
+    "general.file_type": "the weights' types are per tensor in the manifest",
+    "general.quantization_version": "the blocks' format, checked per type by the reader",
+    "general.alignment": "the file's layout, kept in the header bytes for export",
+    "attention.value_length": "equal to key_length in every architecture here (head_dim)",
+    "tensor_data_layout": "Falcon's QKV row order, which the tensor mapping undoes",
+    "ssm.dt_b_c_rms": "Falcon-Mamba's extra norms; Mamba's config has no such option (false here)",
+}
+# Prefixes whose keys are the tokenizer's or the file's own: read by the tokenizer conversion
+# (transformers' GGUF tokenizer) or by the reader.
+OTHER_PREFIXES = ("tokenizer.", "general.", "split.")
+
+
+def unaccounted_keys(keys, arch: str) -> list[str]:
+    """The keys of a file in none of the lists above (a key llama.cpp added since)."""
+    out = []
+    for key in keys:
+        short = key[len(arch) + 1:] if key.startswith(arch + ".") else None
+        if key in IGNORED or short in MAPPED or short in IGNORED:
+            continue
+        if short is None and key.startswith(OTHER_PREFIXES) and not key.startswith("general."):
+            continue
+        if key.startswith("general.") and key not in IGNORED:
+            if key.startswith(("general.source.", "general.base_model.", "general.license",
+                               "general.tags", "general.languages", "general.datasets",
+                               "general.description", "general.author", "general.organization",
+                               "general.version", "general.url", "general.doi", "general.uuid",
+                               "general.repo_url", "general.quantized_by", "general.sampling.")):
+                continue  # provenance and sampling defaults: not the model's computation
+        out.append(key)
+    return out
+
+
+def complete_config(config, get: Callable[[str], object], tensor_names: set[str],
+                    read_f32: Callable[[str], np.ndarray]) -> list[str]:
+    """Set on transformers' `config` what it did not map from the file. `get(key)` reads a
+    key after "<arch>." (None if absent); `read_f32(name)` a float32 tensor. Returns warnings."""
+    notes: list[str] = []
+    head_dim = get("attention.key_length")
+    if head_dim and hasattr(config, "head_dim") and config.head_dim != head_dim:
+        config.head_dim = int(head_dim)  # (Qwen3: transformers keeps the class default, 128)
+    context = get("context_length")
+    if context and config.model_type == "gpt2":
+        config.n_positions = config.n_ctx = int(context)  # GPT-2's position table is this long
+    if config.model_type == "falcon":
+        if context:
+            config.max_position_embeddings = int(context)
+        if any(n.endswith(".attn_norm_2.weight") for n in tensor_names):
+            # Falcon-40B/180B: two norms per layer, grouped KV heads (llama.cpp knows the
+            # decoder by its second norm)
+            config.new_decoder_architecture = True
+            config.num_kv_heads = int(get("attention.head_count_kv") or config.num_attention_heads)
+    rope = _rope_parameters(config, get, tensor_names, read_f32, notes)
+    if rope is not None:
+        config.rope_parameters = rope
+    return notes
+
+
+def _rope_parameters(config, get, tensor_names, read_f32, notes) -> dict | None:
+    """The config's rope_parameters with the file's base and scaling, or None to leave them."""
+    current = getattr(config, "rope_parameters", None)
+    if not isinstance(current, dict) or config.model_type == "gpt_oss":
+        return None  # (no rope; gpt-oss: engine_files._gpt_oss_config)
+    per_layer_type = "full_attention" in current
+    full = dict(current["full_attention"] if per_layer_type else current)
+    theta = get("rope.freq_base")
+    if theta:
+        full["rope_theta"] = float(theta)
+    full = {k: v for k, v in full.items() if k in ("rope_theta", "partial_rotary_factor")}
+    full.update(_scaling(config, get, tensor_names, read_f32, notes, full["rope_theta"]))
+    if not per_layer_type:
+        return full
+    sliding = dict(current.get("sliding_attention", {}))
+    if get("rope.freq_base_swa"):
+        sliding["rope_theta"] = float(get("rope.freq_base_swa"))
+    # llama.cpp scales only the global layers' rope (Gemma 3's linear x8)
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
+def _scaling(config, get, tensor_names, read_f32, notes, theta: float) -> dict:
+    kind = get("rope.scaling.type")
+    original = get("rope.scaling.original_context_length")
+    if "rope_factors_long.weight" in tensor_names:
+        # LongRoPE (Phi-3.5, Phi-4-mini): the two factor lists and the attention factor
+        rope = {"rope_type": "longrope",
+                "long_factor": read_f32("rope_factors_long.weight").tolist(),
+                "short_factor": read_f32("rope_factors_short.weight").tolist()}
+        if original:
+            rope["original_max_position_embeddings"] = int(original)
+            if hasattr(config, "original_max_position_embeddings"):
+                config.original_max_position_embeddings = int(original)
+        if get("rope.scaling.attn_factor"):
+            rope["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        return rope
+    if "rope_freqs.weight" in tensor_names:
+        dim = int(get("rope.dimension_count") or getattr(config, "head_dim", None)
+                  or config.hidden_size // config.num_attention_heads)
+        if not original:  # (not in the file; only its ratio to the fitted factors matters:
+            # Llama 3's 8192 where it fits under the context, as transformers asks)
+            context = int(get("context_length") or 0)
+            original = 8192 if context > 8192 or not context else max(1, context // 8)
+        rope = llama3_from_divisors(read_f32("rope_freqs.weight"), theta, dim, original)
+        if rope is None:
+            notes.append("rope_freqs.weight is not of Llama 3's form: engines will not apply it "
+                         "(config.json says the default rope)")
+            return {"rope_type": "default"}
+        return rope
+    if kind in (None, "none"):
+        return {"rope_type": "default"}
+    factor = float(get("rope.scaling.factor") or 1.0)
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        rope = {"rope_type": "yarn", "factor": factor}
+        if original:
+            rope["original_max_position_embeddings"] = int(original)
+        for key, name in (("rope.scaling.yarn_beta_fast", "beta_fast"),
+                          ("rope.scaling.yarn_beta_slow", "beta_slow"),
+                          ("rope.scaling.attn_factor", "attention_factor")):
+            if get(key) is not None:
+                rope[name] = float(get(key))
+        return rope
+    notes.append(f"rope scaling {kind!r} has no transformers form here: config.json says the "
+                 f"default rope")
+    return {"rope_type": "default"}
+
+
+def llama3_rope_divisors(factor, low, high, original, theta, dim) -> np.ndarray:
+    """llama.cpp's converter's rope_freqs for Llama 3's scaling (float32, as it writes them)."""
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    out = []
+    for freq in freqs.astype(np.float64):
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def llama3_from_divisors(divisors: np.ndarray, theta: float, dim: int, original=None) -> dict | None:
+    """Llama 3's rope_parameters that give exactly `divisors` (llama.cpp keeps the divisors,
+    not the parameters). Only the ratios original/low and original/high matter, so `original`
+    is the file's (or Llama 3's 8192) and low and high are fitted; None if no fit reproduces
+    the divisors."""
+    d = np.asarray(divisors, dtype=np.float64)
+    if d.shape != (dim // 2,) or not np.all(np.isfinite(d)) or d.min() < 1 - 1e-6:
+        return None
+    factor = float(np.float32(d.max()))
+    original = float(original or 8192)
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    wavelen = 2 * math.pi / freqs.astype(np.float64)
+    ones = np.isclose(d, 1.0, rtol=1e-6)
+    flat = np.isclose(d, factor, rtol=1e-6)
+    ramp = ~ones & ~flat
+    lo = wavelen[ones].max() if ones.any() else wavelen.min() / 2
+    hi = wavelen[flat].min() if flat.any() else wavelen.max() * 2
+    candidates = []
+    if factor == 1.0:
+        return None
+    smooth = (1 / d - 1 / factor) / (1 - 1 / factor)
+    if ramp.sum() >= 2:  # smooth = original/(high-low) / wavelen - low/(high-low)
+        a, b = np.polyfit(1 / wavelen[ramp], smooth[ramp], 1)
+        candidates.append((-b * original / a, -b * original / a + original / a))
+    else:
+        if ramp.sum() == 1:
+            w0, s0 = wavelen[ramp][0], smooth[ramp][0]
+            lo, hi = w0, hi
+        for t in (0.5, 0.25, 0.75):
+            low_wl = math.exp(math.log(lo) * (1 - t) + math.log(hi) * t) if ramp.any() else None
+            if ramp.sum() == 1:
+                low = original / low_wl
+                candidates.append((low, low + (original / w0 - low) / s0))
+            else:
+                high_wl = math.exp(math.log(lo) * (1 - t / 2) + math.log(hi) * t / 2)
+                low_wl = math.exp(math.log(lo) * (1 - t) + math.log(hi) * t)
+                candidates.append((original / low_wl, original / high_wl))
+    for low, high in candidates:
+        if not (0 < low < high):
+            continue
+        again = llama3_rope_divisors(factor, low, high, original, theta, dim)
+        if np.allclose(again, d, rtol=2e-6, atol=0):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low),
+                    "high_freq_factor": float(high), "original_max_position_embeddings": int(original)}
+    return None
