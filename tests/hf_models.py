@@ -46,8 +46,11 @@ def assert_same_predictions(model, ref_model, ids, steps: int):
     with torch.no_grad():
         kl = kl_per_position(ref_model(ids).logits[0], model(ids).logits[0])
         assert kl.max().item() <= KL_MAX, kl
-        ref_tokens = ref_model.generate(ids, max_new_tokens=steps, do_sample=False)
-        tokens = model.generate(ids, max_new_tokens=steps, do_sample=False)
+        # (the mask given: generate would take a prompt token equal to a model's pad id for
+        # padding, and the two configs may name different pad ids)
+        mask = torch.ones_like(ids)
+        ref_tokens = ref_model.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False)
+        tokens = model.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False)
     assert tokens.tolist() == ref_tokens.tolist()
 
 

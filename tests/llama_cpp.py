@@ -160,8 +160,8 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     "mixtral": ("mixtral", dict(_SMALL, tie_word_embeddings=False, num_local_experts=4,
                                 num_experts_per_tok=2), "bpe"),
     "gemma2": ("gemma2", dict(_SMALL, head_dim=16, sliding_window=8), "spm"),
-    "gemma3": ("gemma3_text", dict(_SMALL, head_dim=16, sliding_window=8, num_hidden_layers=3,
-                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    # llama.cpp knows Gemma 3's layers by their number: every sixth is global
+    "gemma3": ("gemma3_text", dict(_SMALL, head_dim=16, sliding_window=8, num_hidden_layers=6,
                                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
                                                                        "rope_theta": 1000000.0},
                                                     "sliding_attention": {"rope_type": "default",
@@ -203,7 +203,9 @@ MODELS: dict[str, tuple[str, dict, str]] = {
              "bpe"),
     "qwen2moe": ("qwen2_moe", dict(_SMALL, **_MOE, shared_expert_intermediate_size=64,
                                    tie_word_embeddings=False), "bpe"),
-    "qwen3moe": ("qwen3_moe", dict(_SMALL, **_MOE, head_dim=16, tie_word_embeddings=False), "bpe"),
+    # (llama.cpp always normalizes the chosen experts' weights for qwen3moe, as Qwen3-MoE models do)
+    "qwen3moe": ("qwen3_moe", dict(_SMALL, **_MOE, head_dim=16, norm_topk_prob=True,
+                                   tie_word_embeddings=False), "bpe"),
     "gpt-oss": ("gpt_oss", dict(_SMALL, head_dim=16, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
                                 sliding_window=8, tie_word_embeddings=False,
                                 layer_types=["sliding_attention", "full_attention"],
@@ -263,16 +265,6 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
-def llama_cpp_file(name: str, outtype: str) -> Path:
-    """Model `name` converted by llama.cpp's convert_hf_to_gguf.py at `outtype` (cached)."""
-    hf = hf_model_dir(name)
-    target = hf.parent / f"{name}-{outtype}.gguf"
-    with _locked(target):
-        if not target.is_file():
-            run_converter([(hf, outtype, target)])
-    return target
-
-
 _DRIVER = """
 import json, runpy, sys
 script = sys.argv[1]
@@ -296,17 +288,13 @@ def run_converter(jobs) -> None:
         os.replace(str(out) + ".part", out)
 
 
-def llama_cpp_files(names, outtypes=OUTTYPES) -> dict[tuple[str, str], Path]:
-    """Every (name, outtype) file, the missing ones made in one converter process."""
-    todo = []
-    for name in names:
-        hf = hf_model_dir(name)
-        for outtype in outtypes:
-            target = hf.parent / f"{name}-{outtype}.gguf"
-            if not target.is_file():
-                todo.append((hf, outtype, target))
-    if todo:
+def llama_cpp_files(pairs) -> dict[tuple[str, str], Path]:
+    """The file of each (name, outtype), the missing ones made in one converter process."""
+    def target(name, outtype):
+        return hf_model_dir(name).parent / f"{name}-{outtype}.gguf"
+
+    if any(not target(*pair).is_file() for pair in pairs):
         with _locked(cache_root() / "llama.cpp-made" / "convert"):
-            run_converter([job for job in todo if not job[2].is_file()])
-    return {(name, outtype): hf_model_dir(name).parent / f"{name}-{outtype}.gguf"
-            for name in names for outtype in outtypes}
+            run_converter([(hf_model_dir(name), outtype, target(name, outtype))
+                           for name, outtype in pairs if not target(name, outtype).is_file()])
+    return {pair: target(*pair) for pair in pairs}

@@ -8,13 +8,17 @@ carries `pytest.mark.architecture(column, arch)` and checks it, or the reason it
 copy of the table to this one). Columns: `convert` (lossless re-tiling, verify, export: the
 format does not depend on the architecture), `transformers` (gguf_repack.hf.load_model against
 transformers' own GGUF path), `vllm` (the plugin, one rank, against the same tokens), `tp2`
-(the plugin at tensor_parallel_size=2).
+(the plugin at tensor_parallel_size=2), `llama_cpp` (files made by llama.cpp's own
+convert_hf_to_gguf.py at F32, F16, BF16 and Q8_0, through convert, verify and transformers,
+against the transformers model they were made from: tests/test_llama_cpp_files.py; the
+variants of each are in its note).
 """
 
 from __future__ import annotations
 
 TESTED = "tested"
-COLUMNS = {"convert": "convert", "transformers": "transformers", "vllm": "vLLM", "tp2": "vLLM TP 2"}
+COLUMNS = {"convert": "convert", "transformers": "transformers", "vllm": "vLLM", "tp2": "vLLM TP 2",
+           "llama_cpp": "llama.cpp's converter"}
 NOT_IN_CI = "passed when written; not in CI (time)"
 NO_MAMBA_KERNEL = "untestable here: vLLM's CPU build has no Mamba scan"
 # vLLM's own LFM2 on a float checkpoint of the same weights gives the plugin's logits, and
@@ -22,25 +26,33 @@ NO_MAMBA_KERNEL = "untestable here: vLLM's CPU build has no Mamba scan"
 LFM2_DIFFERS = "fails: vLLM's LFM2 differs from transformers' (float weights too)"
 
 
-def _row(transformers=TESTED, vllm=TESTED, tp2=TESTED, convert=TESTED, note="") -> dict[str, str]:
-    return {"convert": convert, "transformers": transformers, "vllm": vllm, "tp2": tp2, "note": note}
+NOT_CONVERTED = "not run yet: no tiny model of it in tests/llama_cpp.py"
+
+
+def _row(transformers=TESTED, vllm=TESTED, tp2=TESTED, convert=TESTED, llama_cpp=TESTED,
+         note="") -> dict[str, str]:
+    return {"convert": convert, "transformers": transformers, "vllm": vllm, "tp2": tp2,
+            "llama_cpp": llama_cpp, "note": note}
 
 
 ARCHITECTURES: dict[str, dict[str, str]] = {
-    "llama": _row(note="SmolLM2 (real file); synthetic with K-quants for TP 2"),
+    "llama": _row(note="SmolLM2 (real file); synthetic with K-quants for TP 2; converter: tied, untied, "
+                        "rope llama3, linear, yarn"),
     "mistral": _row(note="llama.cpp writes it as `llama` named Mistral"),
     "mixtral": _row(vllm=NOT_IN_CI, note="`llama` with an expert count; MoE"),
     "gemma2": _row(),
-    "gemma3": _row(tp2="not run yet", note="Gemma 3 270M (real file)"),
-    "qwen2": _row(),
+    "gemma3": _row(tp2="not run yet", note="Gemma 3 270M (real file); converter: linear rope x8 on "
+                                            "the global layers"),
+    "qwen2": _row(note="converter: tied; untied with yarn rope"),
     "qwen3": _row(),
-    "phi3": _row(note="q, k, v in one tensor; gate and up in one"),
-    "starcoder2": _row(),
+    "phi3": _row(note="q, k, v in one tensor; gate and up in one; converter: LongRoPE too"),
+    "starcoder2": _row(note="converter: rope base 100000"),
     "stablelm": _row(),
     "nemotron": _row(),
-    "falcon": _row(note="q, k, v in one tensor"),
+    "falcon": _row(note="q, k, v in one tensor; converter: 7B and 40B decoders"),
     "bloom": _row(note="q, k, v in one tensor, rows reordered per head (exact)"),
-    "gpt2": _row(note="Conv1D layers run as linear ones on the (out, in) weight"),
+    "gpt2": _row(note="Conv1D layers run as linear ones on the (out, in) weight; converter: "
+                      "contexts 1024 and 2048"),
     "mamba": _row(vllm=NO_MAMBA_KERNEL, tp2=NO_MAMBA_KERNEL,
                   note="state-space model; its convolution, A and D stay float32, as in the file"),
     "lfm2": _row(vllm=LFM2_DIFFERS, tp2=LFM2_DIFFERS, note="short convolutions stay float32, as in the file"),
@@ -51,13 +63,13 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     # without the suffix, so transformers' GGUF path skips the tensor (read, not run): no
     # reference to test against yet
     "gemma4": _row(transformers="not done: transformers' GGUF path drops its layer scale",
-                   vllm="not done yet", tp2="not done yet"),
+                   vllm="not done yet", tp2="not done yet", llama_cpp=NOT_CONVERTED),
     "minimax-m2": _row(transformers="not done: its sigmoid router with a routing bias",
-                       vllm="not done yet", tp2="not done yet", note="MoE"),
+                       vllm="not done yet", tp2="not done yet", llama_cpp=NOT_CONVERTED, note="MoE"),
     "deci": _row(transformers="transformers has no class for it (remote code)",
-                 vllm="not done yet", tp2="not done yet"),
+                 vllm="not done yet", tp2="not done yet", llama_cpp=NOT_CONVERTED),
     "t5": _row(transformers="encoder-decoder, not a causal LM",
-               vllm="vLLM has no T5", tp2="vLLM has no T5", note="also umt5"),
+               vllm="vLLM has no T5", tp2="vLLM has no T5", llama_cpp=NOT_CONVERTED, note="also umt5"),
 }
 
 

@@ -1,0 +1,240 @@
+"""Files as llama.cpp really writes them: every model of tests/llama_cpp.py (an architecture of
+the README's table or one of its variants: tied and untied embeddings, each rope scaling,
+Falcon-40B, GPT-2 at another context, a shared expert), converted by llama.cpp's own
+convert_hf_to_gguf.py at F32, F16, BF16 and Q8_0, then through this project: convert, verify,
+and transformers (load_model) against the transformers model the file was made from.
+
+- F32, F16, BF16: the model's weights are bfloat16 values, so each file holds them exactly;
+  KL <= 1e-4 per position on a 40-token prompt (past the scaled models' original context of
+  16), and the same 8 greedy tokens.
+- Q8_0: against the same model with each weight the converter quantizes replaced by gguf-py's
+  Q8_0 round trip of it (quantized per row of 32 weights as the converter does); the bound is
+  KL_Q8_0.
+- Every metadata key of every file is mapped, listed as carrying nothing an engine needs, or
+  named in a warning (gguf_repack/converter/hf_config.py); none of these files has one left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hf_models import assert_same_predictions, kl_per_position
+from llama_cpp import MODELS, build_model, llama_cpp_files
+from test_vllm import run_vllm_many, vllm_python  # noqa: F401 (a fixture)
+
+from gguf_repack import convert, export, verify
+from gguf_repack.converter.reader import read_gguf
+from gguf_repack.converter.hf_config import llama3_from_divisors, llama3_rope_divisors, unaccounted_keys
+
+PROMPT = ("The three primary colors are red, yellow and blue. The capital of France is Paris, "
+          "and the capital of Italy is Rome. def fibonacci(n): return n if n < 2 else "
+          "fibonacci(n - 1) + fibonacci(n - 2)")
+N_PROMPT = 40
+KL_Q8_0 = 1e-3
+NAMES = sorted(MODELS)
+# F16 and BF16 differ from F32 only in the float tensors' dtype: run for a tied model, the
+# per-layer rope, the MoE kinds (float expert stacks), Falcon-40B's reordered rows, Mamba
+HALF = ["llama", "gemma3", "qwen2moe", "qwen3moe", "gpt-oss", "mixtral", "falcon-40b", "mamba"]
+PAIRS = [*((n, "f32") for n in NAMES), *((n, "q8_0") for n in NAMES),
+         *((n, t) for n in HALF for t in ("f16", "bf16"))]
+
+
+def table_row(name: str) -> str:
+    """The README table's row a model stands for (llama.cpp's architecture name)."""
+    model_type = MODELS[name][0]
+    return {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+            "gpt_oss": "gpt-oss"}.get(model_type, model_type)
+
+
+def marked(name: str, outtype: str):
+    return pytest.param(name, outtype, marks=pytest.mark.architecture("llama_cpp", table_row(name)))
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """(name, outtype) -> (llama.cpp's file, our output directory), converted once."""
+    files = llama_cpp_files(PAIRS)  # the missing ones in one converter process
+    cache = {}
+
+    def get(name: str, outtype: str):
+        if (name, outtype) not in cache:
+            out = tmp_path_factory.mktemp(f"{name}-{outtype}") / "out"
+            summary = convert(files[(name, outtype)], out)
+            cache[name, outtype] = files[(name, outtype)], out, summary
+        return cache[name, outtype]
+    return get
+
+
+def prompt_ids(out) -> torch.Tensor:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
+    assert ids.shape[1] >= N_PROMPT, ids.shape
+    return ids[:, :N_PROMPT]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "outtype"), [marked(n, t) for n, t in PAIRS if t != "q8_0"])
+def test_float_file_gives_the_model_it_was_made_from(name, outtype, made):
+    from gguf_repack.hf import load_model
+
+    src, out, summary = made(name, outtype)
+    assert verify(out, against=src).ok
+    assert summary.engine_file_warnings == []
+    ours, ref = load_model(out), build_model(name)
+    assert_same_predictions(ours, ref, prompt_ids(out), steps=8)
+    # every float weight held once, in the compute dtype (a tied embedding: one parameter)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+
+
+def q8_0_reference(name: str, src) -> torch.nn.Module:
+    """The model with every weight the file holds as Q8_0 replaced by gguf-py's Q8_0 round
+    trip: found by shape among the model's (out, in) weights (GPT-2's Conv1D: (in, out))."""
+    model = build_model(name)
+    quantized = {}
+    # (the file's tensor types by the project's scanner: gguf-py's reader takes 10 s on the
+    # 49k-token vocabulary; these are not the reference's values, only a census of them)
+    for t in read_gguf(src).tensors:
+        if t.type.name == "Q8_0":
+            shape = t.shape
+            quantized[shape] = quantized.get(shape, 0) + int(np.prod(shape))
+    # modules holding (in, out) weights: GPT-2's Conv1D, gpt-oss's experts
+    conv1d = {n for n, m in model.named_modules() if type(m).__name__ in ("Conv1D", "GptOssExperts")}
+    done = {}
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() < 2 or re.search(r"(norm|wpe|position|conv1d|\.gate\.|router|shared_expert_gate)", pname):
+                continue
+            transposed = pname.rpartition(".")[0] in conv1d
+            w = p.mT if transposed else p
+            shape = tuple(w.shape)
+            if shape[-1] % 32:
+                continue
+            rows = w.reshape(-1, shape[-1]).numpy()
+            back = gguf.quants.dequantize(gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
+                                          gguf.GGMLQuantizationType.Q8_0)
+            back = torch.from_numpy(back).reshape(shape)
+            p.copy_(back.mT if transposed else back)
+            done[shape[-1]] = done.get(shape[-1], 0) + p.numel()
+    # the same weights quantized, by row width (engines join or split some: gate and up)
+    by_width = {}
+    for shape, n in quantized.items():
+        by_width[shape[-1]] = by_width.get(shape[-1], 0) + n
+    return model, by_width, done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_q8_0_file_gives_the_model_with_q8_0_weights(name, made):
+    from gguf_repack.hf import QuantLinear, load_model
+
+    src, out, summary = made(name, "q8_0")
+    assert verify(out, against=src).ok
+    assert summary.engine_file_warnings == []
+    ours = load_model(out)
+    assert any(isinstance(m, QuantLinear) for m in ours.modules())
+    ref, in_file, in_reference = q8_0_reference(name, src)
+    assert in_reference == in_file
+    ids = prompt_ids(out)
+    with torch.no_grad():
+        kl = kl_per_position(ref(ids).logits[0], ours(ids).logits[0])
+    assert kl.max().item() <= KL_Q8_0, kl.max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "phi3-longrope"])
+def test_llama_cpp_file_exports_byte_for_byte(name, made, tmp_path):
+    for outtype in ("f32", "q8_0"):
+        src, out, _ = made(name, outtype)
+        export(out, tmp_path / f"{outtype}.gguf")
+        assert (tmp_path / f"{outtype}.gguf").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.slow
+def test_every_key_llama_cpp_writes_is_accounted_for(made):
+    """Each key of each file is mapped, listed with its reason, or would be warned about."""
+    left = {}
+    for name in NAMES:
+        src, _, _ = made(name, "f32")
+        kvs = read_gguf(src).kvs
+        if unknown := unaccounted_keys(list(kvs), kvs["general.architecture"].value):
+            left[name] = unknown
+    assert left == {}
+
+
+@pytest.mark.slow
+def test_rope_scaling_is_in_config_json(made):
+    """What each scaled model's config.json says: the inverse of the converter."""
+    def rope(name):
+        return json.loads((made(name, "f32")[1] / "config.json").read_text())["rope_parameters"]
+    assert rope("llama-rope-linear") == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+    assert rope("llama-rope-yarn") == {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                       "original_max_position_embeddings": 16}
+    llama3 = rope("llama-rope-llama3")
+    assert llama3["rope_type"] == "llama3" and llama3["factor"] == 8.0
+    longrope = rope("phi3-longrope")
+    assert longrope["rope_type"] == "longrope"
+    assert longrope["long_factor"] == MODELS["phi3-longrope"][1]["rope_parameters"]["long_factor"]
+    gemma3 = rope("gemma3")
+    assert gemma3["full_attention"] == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
+    assert gemma3["sliding_attention"]["rope_theta"] == 10000.0
+    assert "factor" not in gemma3["sliding_attention"]
+    assert rope("starcoder2")["rope_theta"] == 100000.0
+
+
+def test_llama3_parameters_come_back_from_the_divisors():
+    """Llama 3.1's own parameters, and others, give back divisors equal to llama.cpp's
+    (the fitted low/high may differ: only original/low and original/high matter)."""
+    for theta, dim, factor, low, high, original in [(500000.0, 128, 8.0, 1.0, 4.0, 8192),
+                                                    (500000.0, 64, 32.0, 1.0, 4.0, 8192),
+                                                    (10000.0, 16, 8.0, 1.0, 4.0, 16),
+                                                    (10000.0, 16, 4.0, 2.0, 8.0, 256)]:
+        divisors = llama3_rope_divisors(factor, low, high, original, theta, dim)
+        rope = llama3_from_divisors(divisors, theta, dim)
+        assert rope is not None and rope["factor"] == factor
+        again = llama3_rope_divisors(rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
+                                     rope["original_max_position_embeddings"], theta, dim)
+        np.testing.assert_allclose(again, divisors, rtol=2e-6)
+    assert llama3_from_divisors(np.linspace(1, 3, 8, dtype=np.float32)[::-1], 10000.0, 16) is None
+
+
+def test_an_unknown_key_is_named():
+    keys = ["general.architecture", "llama.context_length", "llama.rope.scaling.new_thing",
+            "tokenizer.ggml.tokens", "general.name", "general.source.url"]
+    assert unaccounted_keys(keys, "llama") == ["llama.rope.scaling.new_thing"]
+
+
+# through vLLM (one process for all): what config.json must carry for an engine that builds
+# its model from it alone: the float tied embedding, each rope scaling, Falcon-40B, GPT-2 at
+# 2048, StarCoder2's rope base, Qwen2-MoE's shared-expert gate, a float expert stack
+VLLM_PAIRS = [("llama", "f16"), ("llama-rope-llama3", "f32"), ("llama-rope-yarn", "q8_0"),
+              ("llama-rope-linear", "f32"), ("phi3-longrope", "f32"), ("qwen2-rope-yarn", "q8_0"),
+              ("gemma3", "bf16"), ("starcoder2", "q8_0"), ("falcon-40b", "f32"),
+              ("gpt2-ctx2048", "q8_0"), ("qwen2moe", "f32"), ("qwen3moe", "f16")]
+VLLM_PROMPTS = [PROMPT]
+
+
+@pytest.mark.slow
+def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):  # noqa: F811
+    from gguf_repack.hf import load_model
+
+    outs = {pair: made(*pair)[1] for pair in VLLM_PAIRS}
+    results = run_vllm_many(vllm_python, list(outs.values()), prompts=VLLM_PROMPTS, max_tokens=8)
+    wrong = {}
+    for (name, outtype), out in outs.items():
+        # the reference: transformers' model of the same weights (Q8_0: ours, which the Q8_0
+        # test holds to the model with Q8_0 weights)
+        ref = build_model(name) if outtype != "q8_0" else load_model(out)
+        ids = prompt_ids(out)
+        got = results[str(out)]
+        with torch.no_grad():
+            tokens = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                  do_sample=False)[0, ids.shape[1]:].tolist()
+        if got["token_ids"][0] != tokens:
+            wrong[name, outtype] = (got["token_ids"][0], tokens)
+    assert not wrong, wrong
