@@ -54,3 +54,18 @@ def test_non_finite_scales_give_the_same_nan_and_inf(name, rng):
         expected = gguf.quants.dequantize(blocks.reshape(64, -1), GGMLQuantizationType(qtype.id))
     assert expected.shape == shape
     assert_bitwise_equal(dequantize_planes(torch_planes(blocks, qtype), qtype), expected)
+
+
+@pytest.mark.parametrize("name", REFERENCE_TYPES)
+def test_one_block_per_row_and_a_slice_of_rows(name, rng):
+    """Planes as the backends also pass them: one block column, and rows n0:n1 of each plane
+    (a view with gaps between its block columns)."""
+    qtype = next(t for t in TYPES.values() if t.name == name)
+    ggml_type = GGMLQuantizationType(qtype.id)
+    blocks = random_blocks(qtype.id, (6, qtype.block_size), rng)
+    expected = gguf.quants.dequantize(blocks.reshape(6, -1), ggml_type)
+    assert_bitwise_equal(dequantize_planes(torch_planes(blocks, qtype), qtype), expected)
+    blocks = random_blocks(qtype.id, (6, 3 * qtype.block_size), rng)
+    expected = gguf.quants.dequantize(blocks.reshape(6, -1), ggml_type)[1:5]
+    planes = {f: p[..., 1:5, :] for f, p in torch_planes(blocks, qtype).items()}
+    assert_bitwise_equal(dequantize_planes(planes, qtype), expected)

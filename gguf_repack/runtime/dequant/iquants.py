@@ -14,7 +14,7 @@ import gguf.quants as ref
 import numpy as np
 import torch
 
-from . import Planes, register
+from . import Planes, nibble_levels, register
 
 # -- tables ----------------------------------------------------------------------------
 
@@ -122,10 +122,12 @@ def _signed(db: torch.Tensor, grid: torch.Tensor, signs: torch.Tensor) -> torch.
 # -- 4-bit non-linear ------------------------------------------------------------------
 
 
-@register("IQ4_NL")
-def iq4_nl(p: Planes) -> torch.Tensor:
-    codes = _nibble_halves(p["qs"], 4)
-    return _d(p) * _rows(_kvalues(codes.device), codes)
+IQ4_LEVELS = tuple(float(v) for v in ref.IQ4_NL.kvalues)
+
+
+@register("IQ4_NL", into=True)
+def iq4_nl(p: Planes, out: torch.Tensor) -> torch.Tensor:
+    return torch.mul(_d(p), nibble_levels(IQ4_LEVELS, p["qs"], 4), out=out)
 
 
 @register("IQ4_XS")
