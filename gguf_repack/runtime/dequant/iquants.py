@@ -42,12 +42,6 @@ def _ksigns(device: torch.device) -> torch.Tensor:
 
 
 @cache
-def _kvalues(device: torch.device) -> torch.Tensor:
-    """IQ4's 16 non-linear levels as float32 (small integers: exact, as gguf-py casts them)."""
-    return torch.tensor(ref.IQ4_NL.kvalues, dtype=torch.float32, device=device)
-
-
-@cache
 def _iq1_shifted_grid(device: torch.device) -> torch.Tensor:
     """gguf-py's `grid + delta` for IQ1, both signs of delta: row i is grid[i] + 1/8, row
     2048 + i is grid[i] - 1/8 (the same float32 sums gguf-py forms, taken once)."""
@@ -86,14 +80,6 @@ def _nibbles(b: torch.Tensor) -> torch.Tensor:
     return _bitfields(b, (0, 4), 0x0F)
 
 
-def _nibble_halves(words: torch.Tensor, run: int) -> torch.Tensor:
-    """[M, n] int32 words -> [M, 8n] bytes: per run of words, every byte's low nibble, then
-    every high one (IQ4's order). Masking whole words splits 4 bytes per operation, and the
-    final reorder is a contiguous cat: both far cheaper than byte-wise broadcast shifts."""
-    w = words.view(words.shape[0], -1, run)
-    return torch.cat([w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F], -1).view(w.shape[0], -1).view(torch.uint8)
-
-
 def _rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """table[idx] for integer idx [M, n] -> [M, n * width]: the gathered rows laid end to end."""
     flat = idx.reshape(-1)
@@ -130,14 +116,16 @@ def iq4_nl(p: Planes, out: torch.Tensor) -> torch.Tensor:
     return torch.mul(_d(p), nibble_levels(IQ4_LEVELS, p["qs"], 4), out=out)
 
 
-@register("IQ4_XS")
-def iq4_xs(p: Planes) -> torch.Tensor:
+@register("IQ4_XS", into=True)
+def iq4_xs(p: Planes, out: torch.Tensor) -> torch.Tensor:
     # 6-bit sub-block scales, offset by 32: low 4 bits in scales_l, high 2 in scales_h
     lo = _nibbles(_bytes(p, "scales_l")).int()
     hi = _bitfields(_u16(p["scales_h"]), tuple(range(0, 16, 2)), 0x03)
     dl = _d(p) * ((lo | (hi << 4)) - 32).float()
-    codes = _nibble_halves(p["qs"], 4)  # 8 runs of 16 bytes, 32 weights each
-    return _per_group(dl, _rows(_kvalues(codes.device), codes))
+    values = nibble_levels(IQ4_LEVELS, p["qs"], 4)  # 8 runs of 16 bytes, 32 weights each
+    m = values.shape[0]
+    torch.mul(dl.view(m, 8, 1), values.view(m, 8, 32), out=out.view(m, 8, 32))
+    return out
 
 
 # -- 2-bit lattices, 8 weights per grid row --------------------------------------------

@@ -27,41 +27,40 @@ def _fifth_bit_words(qh: torch.Tensor) -> torch.Tensor:
     return ((((qh >> shifts) & 0xF) * 0x204081) & 0x01010101) << 4
 
 
-# The float stages below work in place: the output is the only full-size float32 buffer, and
-# on the CPU allocating one costs more than the arithmetic. In-place `q *= d` is `d * q`
-# (IEEE products commute), so the rounding is gguf-py's.
+# The float stages below work in place, in the output chunk (`into`): the output is the only
+# full-size float32 buffer, and on the CPU allocating one costs more than the arithmetic.
+# In-place `q *= d` is `d * q` (IEEE products commute), so the rounding is gguf-py's.
 
 
-@register("Q4_0")
-def q4_0(p: Planes) -> torch.Tensor:
+@register("Q4_0", into=True)
+def q4_0(p: Planes, out: torch.Tensor) -> torch.Tensor:
     d = p["d"].float()
-    return _nibble_words(p["qs"]).view(torch.int8).sub_(8).float().mul_(d)
+    return out.copy_(_nibble_words(p["qs"]).view(torch.int8).sub_(8)).mul_(d)
 
 
-@register("Q8_0")
-def q8_0(p: Planes) -> torch.Tensor:
+@register("Q8_0", into=True)
+def q8_0(p: Planes, out: torch.Tensor) -> torch.Tensor:
     d = p["d"].float()
-    return p["qs"].view(torch.int8).float().mul_(d)
+    return out.copy_(p["qs"].view(torch.int8)).mul_(d)
 
 
-@register("Q4_1")
-def q4_1(p: Planes) -> torch.Tensor:
+@register("Q4_1", into=True)
+def q4_1(p: Planes, out: torch.Tensor) -> torch.Tensor:
     d, m = p["d"].float(), p["m"].float()
-    q = _nibble_words(p["qs"]).view(torch.uint8).float()
-    return q.mul_(d).add_(m)
+    return out.copy_(_nibble_words(p["qs"]).view(torch.uint8)).mul_(d).add_(m)
 
 
-@register("Q5_0")
-def q5_0(p: Planes) -> torch.Tensor:
+@register("Q5_0", into=True)
+def q5_0(p: Planes, out: torch.Tensor) -> torch.Tensor:
     d = p["d"].float()
     q = _nibble_words(p["qs"])
     q |= _fifth_bit_words(p["qh"])
-    return q.view(torch.int8).sub_(16).float().mul_(d)
+    return out.copy_(q.view(torch.int8).sub_(16)).mul_(d)
 
 
-@register("Q5_1")
-def q5_1(p: Planes) -> torch.Tensor:
+@register("Q5_1", into=True)
+def q5_1(p: Planes, out: torch.Tensor) -> torch.Tensor:
     d, m = p["d"].float(), p["m"].float()
     q = _nibble_words(p["qs"])
     q |= _fifth_bit_words(p["qh"])
-    return q.view(torch.uint8).float().mul_(d).add_(m)
+    return out.copy_(q.view(torch.uint8)).mul_(d).add_(m)
