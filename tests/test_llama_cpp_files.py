@@ -173,7 +173,7 @@ def test_rope_scaling_is_in_config_json(made):
     def rope(name):
         return json.loads((made(name, "f32")[1] / "config.json").read_text())["rope_parameters"]
     assert rope("llama-rope-linear") == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
-    assert rope("llama-rope-yarn") == {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+    assert rope("llama-rope-yarn") == {"rope_type": "yarn", "factor": 16.0, "rope_theta": 10000.0,
                                        "original_max_position_embeddings": 16}
     llama3 = rope("llama-rope-llama3")
     assert llama3["rope_type"] == "llama3" and llama3["factor"] == 8.0
@@ -229,9 +229,12 @@ def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):
     for (name, outtype), out in outs.items():
         # the reference: transformers' model of the same weights (Q8_0: ours, which the Q8_0
         # test holds to the model with Q8_0 weights)
+        from transformers import AutoTokenizer
+
         ref = build_model(name) if outtype != "q8_0" else load_model(out)
-        ids = prompt_ids(out)
+        ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
         got = results[str(out)]
+        assert got["prompt_token_ids"][0] == ids[0].tolist()
         with torch.no_grad():
             tokens = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
                                   do_sample=False)[0, ids.shape[1]:].tolist()

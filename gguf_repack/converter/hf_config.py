@@ -47,9 +47,14 @@ IGNORED = {
     "tensor_data_layout": "Falcon's QKV row order, which the tensor mapping undoes",
     "ssm.dt_b_c_rms": "Falcon-Mamba's extra norms; Mamba's config has no such option (false here)",
 }
-# Prefixes whose keys are the tokenizer's or the file's own: read by the tokenizer conversion
-# (transformers' GGUF tokenizer) or by the reader.
-OTHER_PREFIXES = ("tokenizer.", "general.", "split.")
+# Keys read elsewhere: the tokenizer's (transformers' GGUF tokenizer conversion) and the split
+# set's (the reader); and the file's provenance and sampling defaults, which are not the
+# model's computation.
+READ_ELSEWHERE = ("tokenizer.", "split.", "general.source.", "general.base_model.", "general.license",
+                  "general.tags", "general.languages", "general.datasets", "general.description",
+                  "general.author", "general.organization", "general.version", "general.url",
+                  "general.doi", "general.uuid", "general.repo_url", "general.quantized_by",
+                  "general.sampling.")
 
 
 def unaccounted_keys(keys, arch: str) -> list[str]:
@@ -57,18 +62,8 @@ def unaccounted_keys(keys, arch: str) -> list[str]:
     out = []
     for key in keys:
         short = key[len(arch) + 1:] if key.startswith(arch + ".") else None
-        if key in IGNORED or short in MAPPED or short in IGNORED:
-            continue
-        if short is None and key.startswith(OTHER_PREFIXES) and not key.startswith("general."):
-            continue
-        if key.startswith("general.") and key not in IGNORED:
-            if key.startswith(("general.source.", "general.base_model.", "general.license",
-                               "general.tags", "general.languages", "general.datasets",
-                               "general.description", "general.author", "general.organization",
-                               "general.version", "general.url", "general.doi", "general.uuid",
-                               "general.repo_url", "general.quantized_by", "general.sampling.")):
-                continue  # provenance and sampling defaults: not the model's computation
-        out.append(key)
+        if not (key in IGNORED or short in MAPPED or short in IGNORED or key.startswith(READ_ELSEWHERE)):
+            out.append(key)
     return out
 
 
@@ -188,37 +183,34 @@ def llama3_from_divisors(divisors: np.ndarray, theta: float, dim: int, original=
     is the file's (or Llama 3's 8192) and low and high are fitted; None if no fit reproduces
     the divisors."""
     d = np.asarray(divisors, dtype=np.float64)
-    if d.shape != (dim // 2,) or not np.all(np.isfinite(d)) or d.min() < 1 - 1e-6:
+    if d.shape != (dim // 2,) or not np.all(np.isfinite(d)) or d.min() < 1 - 1e-6 or d.max() <= 1:
         return None
     factor = float(np.float32(d.max()))
     original = float(original or 8192)
     freqs = 1.0 / (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     wavelen = 2 * math.pi / freqs.astype(np.float64)
-    ones = np.isclose(d, 1.0, rtol=1e-6)
-    flat = np.isclose(d, factor, rtol=1e-6)
+    ones, flat = np.isclose(d, 1.0, rtol=1e-6), np.isclose(d, factor, rtol=1e-6)
     ramp = ~ones & ~flat
+    smooth = (1 / d - 1 / factor) / (1 - 1 / factor)  # = original/(high-low)/wavelen - low/(high-low)
+    # the wavelengths between which the thresholds original/high and original/low must fall
     lo = wavelen[ones].max() if ones.any() else wavelen.min() / 2
     hi = wavelen[flat].min() if flat.any() else wavelen.max() * 2
+
+    def between(a, b, t):  # geometric interpolation
+        return math.exp(math.log(a) * (1 - t) + math.log(b) * t)
+
     candidates = []
-    if factor == 1.0:
-        return None
-    smooth = (1 / d - 1 / factor) / (1 - 1 / factor)
-    if ramp.sum() >= 2:  # smooth = original/(high-low) / wavelen - low/(high-low)
+    if ramp.sum() >= 2:  # the line through the ramp
         a, b = np.polyfit(1 / wavelen[ramp], smooth[ramp], 1)
-        candidates.append((-b * original / a, -b * original / a + original / a))
-    else:
-        if ramp.sum() == 1:
-            w0, s0 = wavelen[ramp][0], smooth[ramp][0]
-            lo, hi = w0, hi
+        candidates.append((-b * original / a, (1 - b) * original / a))
+    elif ramp.sum() == 1:  # one point of the line: low from the gap above it, high from the point
+        w0, s0 = wavelen[ramp][0], smooth[ramp][0]
         for t in (0.5, 0.25, 0.75):
-            low_wl = math.exp(math.log(lo) * (1 - t) + math.log(hi) * t) if ramp.any() else None
-            if ramp.sum() == 1:
-                low = original / low_wl
-                candidates.append((low, low + (original / w0 - low) / s0))
-            else:
-                high_wl = math.exp(math.log(lo) * (1 - t / 2) + math.log(hi) * t / 2)
-                low_wl = math.exp(math.log(lo) * (1 - t) + math.log(hi) * t)
-                candidates.append((original / low_wl, original / high_wl))
+            low = original / between(w0, hi, t)
+            candidates.append((low, low + (original / w0 - low) / s0))
+    else:  # no ramp: both thresholds in the gap between the plateaus
+        candidates += [(original / between(lo, hi, t), original / between(lo, hi, t / 2))
+                       for t in (0.5, 0.25, 0.75)]
     for low, high in candidates:
         if not (0 < low < high):
             continue

@@ -151,6 +151,10 @@ def converter_row_order(config: dict, gguf_name: str) -> torch.Tensor | None:
     return (torch.tensor(heads)[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
 
 
+def _squeezed(shape) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
 def process_plain(processor, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """A float tensor (norm, bias, F16/F32 weight) with transformers' fix applied (gemma's norms
     are stored as w + 1)."""
@@ -170,6 +174,8 @@ class TensorMapping:
         self.processor = tensor_processor(arch, self.config)
         hf_names = gguf_to_hf_names(model, arch, self.processor)
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
+        params = model.state_dict(keep_vars=True)
+        self._shapes = {name: tuple(params[hf].shape) for name, hf in self.names if hf in params}
         self.skipped, unmapped = {}, []
         for name in (n for n in repacked if n not in hf_names):
             if reason := skip_reason(name):
@@ -193,7 +199,13 @@ class TensorMapping:
     def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if (rows := converter_row_order(self.config, gguf_name)) is not None:
             tensor = tensor[rows]
-        return process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
+        tensor = process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
+        shape = self._shapes.get(gguf_name)
+        if shape and tuple(tensor.shape) != shape and _squeezed(tensor.shape) == _squeezed(shape):
+            # the same values with a unit dimension more or less (llama.cpp writes Qwen2-MoE's
+            # shared-expert gate [1, hidden] as [1, 1, hidden] in torch order)
+            tensor = tensor.reshape(shape)
+        return tensor
 
     def quantized(self, gguf_name: str, weight, conv1d: bool = False):
         """The QTensor as transformers would have it: rows permuted where it permutes them.

@@ -112,18 +112,10 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
 
 def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:
     current = getattr(module, param, None)
-    if current is not None and current.shape != value.shape and _squeezed(value.shape) == _squeezed(current.shape):
-        # the same values with a unit dimension more or less (llama.cpp writes Qwen2-MoE's
-        # shared-expert gate [1, hidden] as [1, 1, hidden] in torch order)
-        value = value.reshape(current.shape)
     if current is not None and current.shape != value.shape:
         raise FormatError(f"{hf_name}: the GGUF tensor has shape {list(value.shape)}, the model "
                           f"expects {list(current.shape)}")
     module._parameters[param] = nn.Parameter(value, requires_grad=False)
-
-
-def _squeezed(shape) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)
 
 
 def _place_quantized(model, module_name, module, param, gguf_name, weight: QTensor,
