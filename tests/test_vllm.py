@@ -56,11 +56,12 @@ def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, pp: int = 1
 
 
 def run_vllm_many(python: str, models: list[Path], prompts=PROMPTS, tp: int = 1,
-                  max_tokens: int = 16) -> dict[str, dict]:
+                  max_tokens: int = 16, held_bytes: bool = False) -> dict[str, dict]:
     """run_vllm for several directories, one after another in one vLLM process (one start of
     vLLM for them all): {directory: result}."""
     proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), ",".join(map(str, models)),
-                           *prompts, "--tp", str(tp), "--eager", "--max-tokens", str(max_tokens)],
+                           *prompts, "--tp", str(tp), "--eager", *(["--held-bytes"] if held_bytes else []),
+                           "--max-tokens", str(max_tokens)],
                           capture_output=True, text=True, timeout=1800, cwd=models[0].parent)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [json.loads(line.removeprefix("RESULT ")) for line in proc.stdout.splitlines()

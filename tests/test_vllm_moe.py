@@ -18,8 +18,8 @@ from hf_models import byte_tokenizer_kvs, tokenizer_kvs, write_moe
 from test_moe import gpt_oss_config, gpt_oss_reference, mixtral_config, mixtral_reference
 from test_vllm import (
     PROMPTS,
-    ROOT,
     assert_half_per_rank,
+    run_vllm_many,
     tensor_bytes,
     transformers_tokens,
     vllm_python,  # noqa: F401 - the fixture
@@ -118,13 +118,7 @@ def test_moe_model_generates_as_transformers_with_quantized_and_with_float_exper
 def run_vllm_held(python: str, models: list, tp: int) -> dict[str, dict]:
     """Greedy tokens (8) for PROMPTS and held bytes of several directories, one after another
     in one vLLM process (one start of vLLM for them all): {directory: result}."""
-    proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), ",".join(map(str, models)),
-                           *PROMPTS, "--tp", str(tp), "--eager", "--held-bytes", "--max-tokens", "8"],
-                          capture_output=True, text=True, timeout=1800, cwd=models[0].parent)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results = [json.loads(line.removeprefix("RESULT ")) for line in proc.stdout.splitlines()
-               if line.startswith("RESULT ")]
-    return {r["model"]: r for r in results}
+    return run_vllm_many(python, models, prompts=PROMPTS, tp=tp, max_tokens=8, held_bytes=True)
 
 
 def expert_records(out) -> list[dict]:
