@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 from functools import cache
 from pathlib import Path
 
@@ -130,6 +131,25 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int,
 # them once for up to 16 rows at 0.46-1.0 of the bandwidth (its issue bound at sm_90,
 # BENCHMARKS.md); decode (a few tokens, k experts each) is this path.
 MOE_GEMV_MAX_ROWS = GEMV_MAX_M
+
+# The largest batch (in tokens) vLLM captures in CUDA graphs by default (its
+# max_capture_size, 512). Up to it the expert products read nothing of the routing on the
+# host: the path, the tile and the launch grid come from the shapes (dispatch.expert_path).
+# Past it (prefill, run without graphs) long runs an expert take the dequantize-then-matmul
+# path, which loops over the chosen experts on the host.
+MOE_GRAPH_MAX_TOKENS = 512
+
+
+def routed_rows_per_expert(pairs: int, n_experts: int) -> float:
+    """The rows an expert that any pair chose gets on average, were the (token, slot) pairs
+    routed uniformly at random: pairs / E[experts chosen], E[chosen] = E (1 - (1 - 1/E)^pairs).
+    From the shapes alone (the real routing would need the host to read it): one batch size,
+    one path and tile, whatever the routing. Routing is seldom uniform; the estimate only
+    picks between tiles that are each right for every routing."""
+    if pairs == 0:
+        return 0.0
+    chosen = n_experts * -math.expm1(pairs * math.log1p(-1 / n_experts)) if n_experts > 1 else 1.0
+    return pairs / max(chosen, 1.0)
 
 
 def moe_config(type_name: str, block_size: int, rows_per_expert: float) -> dict:

@@ -6,6 +6,8 @@ instead of twice). The GEMV and GEMM keep it: their sums are within tolerance an
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 
@@ -26,6 +28,22 @@ def _format(type_name: str) -> Format:
         return FORMATS[type_name]
     except KeyError:
         raise NotImplementedError(f"no Triton kernel for {type_name} yet") from None
+
+
+def _launch_device(device: torch.device):
+    """Triton launches on the current CUDA device and its current stream, not on the
+    tensors': every launch runs under this, so that a model on cuda:1, or spread over GPUs
+    by transformers' device_map, launches where its tensors are."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _deterministic(cfg: dict) -> dict:
+    """Split K adds float partial sums atomically, in whatever order the programs finish, so
+    results differ from run to run (and GPU to GPU) in the last bits. Under
+    torch.use_deterministic_algorithms(True) every launch takes K whole: no float atomics."""
+    if torch.are_deterministic_algorithms_enabled():
+        cfg = {**cfg, "SPLIT_K": 1}
+    return cfg
 
 
 def _plane_args(planes: dict[str, torch.Tensor], fmt: Format) -> list[torch.Tensor]:
@@ -65,11 +83,12 @@ def dequantize(planes: dict[str, torch.Tensor], type_name: str, shape,
     device = next(iter(planes.values())).device
     out = torch.empty(n_lead, n, k, dtype=dtype, device=device)
     cfg = configs.dequantize_config(fmt.block_size)
-    for e, expert in enumerate(_per_expert(planes, n_lead)):
-        grid = (triton.cdiv(n, cfg["BN"]), b)
-        dequantize_kernel[grid](*_plane_args(expert, fmt), out[e], n, b, BLOCK=fmt.block_size,
-                                BN=cfg["BN"], DQ=fmt.dequant, num_warps=cfg["num_warps"],
-                                enable_fp_fusion=False)
+    with _launch_device(device):
+        for e, expert in enumerate(_per_expert(planes, n_lead)):
+            grid = (triton.cdiv(n, cfg["BN"]), b)
+            dequantize_kernel[grid](*_plane_args(expert, fmt), out[e], n, b, BLOCK=fmt.block_size,
+                                    BN=cfg["BN"], DQ=fmt.dequant, num_warps=cfg["num_warps"],
+                                    enable_fp_fusion=False)
     return out.reshape(shape)
 
 
@@ -82,9 +101,10 @@ def embedding(ids: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str
     cfg = configs.embedding_config(fmt.block_size)
     if flat.numel():
         grid = (triton.cdiv(flat.numel(), cfg["BI"]), b)
-        gather_rows_kernel[grid](*_plane_args(planes, fmt), flat, out, n, b, flat.numel(),
-                                 BLOCK=fmt.block_size, BI=cfg["BI"], DQ=fmt.dequant,
-                                 num_warps=cfg["num_warps"], enable_fp_fusion=False)
+        with _launch_device(flat.device):
+            gather_rows_kernel[grid](*_plane_args(planes, fmt), flat, out, n, b, flat.numel(),
+                                     BLOCK=fmt.block_size, BI=cfg["BI"], DQ=fmt.dequant,
+                                     num_warps=cfg["num_warps"], enable_fp_fusion=False)
     return out.reshape(*ids.shape, k)
 
 
@@ -132,7 +152,12 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
     m = x2.shape[0]
     if m == 0:  # engines do send empty batches; no kernel is launched for them
         return x.new_empty(*x.shape[:-1], n)
-    path = matmul_path(type_name, m)
+    with _launch_device(x.device):
+        return _matmul(x, x2, planes, fmt, n, b, matmul_path(type_name, m), tile)
+
+
+def _matmul(x, x2, planes, fmt, n, b, path, tile):
+    type_name, m, k = fmt.name, x2.shape[0], x2.shape[1]
     if path == "dequantize+matmul":
         # the weight in x's dtype (float32 for float32 x), made afresh each call: torch's
         # caching allocator hands the same memory back, where a buffer kept here would hold
@@ -141,7 +166,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
         return (x2 @ w.T).reshape(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
     if path == "gemv":
-        cfg = _gemv_config(type_name, m, n, b, x.device, tile)
+        cfg = _deterministic(_gemv_config(type_name, m, n, b, x.device, tile))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         xf, xs = _prepared_x(x2, fmt)
         out = _gemv_output(m, n, cfg["SPLIT_K"], x)
@@ -151,7 +176,8 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
                               num_warps=cfg["num_warps"])
     else:
-        cfg = configs.gemm_config(type_name, fmt.block_size, m, n, b, _multiprocessors(x.device), tile)
+        cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b,
+                                                 _multiprocessors(x.device), tile))
         if cfg["SPLIT_K"] > 1:  # partial sums added atomically
             out = torch.zeros(m, n, device=x.device, dtype=torch.float32)
         else:
@@ -167,27 +193,38 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
 
 def _sorted_by_expert(expert_ids: torch.Tensor, n_experts: int, bm: int, x_per_slot: bool):
     """The routed (token, slot) pairs sorted by expert, each expert's run padded to bm rows:
-    each padded slot's row of x and of the output (-1 for padding), each bm-row tile's expert.
-    Pairs with expert -1 (another rank's) get no slot. Vectorized: no loop over tokens or
-    experts."""
+    each padded slot's row of x and of the output (-1 for padding), each bm-row tile's expert
+    (-1 past the last expert's tiles). Pairs with expert -1 (another rank's) get no slot.
+
+    On the device, with no host synchronization: every size comes from the shapes alone,
+    as a CUDA graph needs (it replays the sizes and grids it captured, whatever the routing).
+    The bound: an expert with c pairs takes ceil(c / bm) <= c // bm + 1 tiles, so P pairs
+    never take more than P // bm + min(E, P) tiles. The launch has that many; the tiles past
+    the last expert's find -1 and return at once."""
     flat = expert_ids.reshape(-1).long()
-    pairs = torch.arange(flat.numel(), device=flat.device)
-    keep = flat >= 0
-    experts, order = torch.sort(flat[keep], stable=True)
-    pairs = pairs[keep][order]
-    counts = torch.bincount(experts, minlength=n_experts)
-    padded = (counts + bm - 1) // bm * bm
-    first_slot = torch.cumsum(padded, 0) - padded
+    pairs, device = flat.numel(), flat.device
+    key = torch.where(flat >= 0, flat, n_experts)  # another rank's pairs sort last, slotless
+    order = torch.sort(key, stable=True).indices
+    key_sorted = key[order]
+    counts = torch.zeros(n_experts + 1, dtype=torch.long, device=device)
+    counts = counts.scatter_add_(0, key, torch.ones_like(key))[:n_experts]
+    tiles = (counts + bm - 1) // bm
+    tiles_end = torch.cumsum(tiles, 0)
+    first_slot = (tiles_end - tiles) * bm
     first_pair = torch.cumsum(counts, 0) - counts
-    slots = first_slot[experts] + torch.arange(experts.numel(), device=flat.device) - first_pair[experts]
-    total = int(padded.sum())
-    x_rows = torch.full((total,), -1, dtype=torch.int32, device=flat.device)
-    out_rows = torch.full((total,), -1, dtype=torch.int32, device=flat.device)
-    x_rows[slots] = (pairs if x_per_slot else pairs // expert_ids.shape[1]).to(torch.int32)
-    out_rows[slots] = pairs.to(torch.int32)
-    tile_expert = torch.repeat_interleave(torch.arange(n_experts, device=flat.device, dtype=torch.int32),
-                                          padded // bm)
-    return x_rows, out_rows, tile_expert
+    expert = key_sorted.clamp(max=n_experts - 1)
+    slot = first_slot[expert] + torch.arange(pairs, device=device) - first_pair[expert]
+    max_tiles = pairs // bm + min(n_experts, pairs)
+    spare = max_tiles * bm  # one slot more: where the slotless pairs are written, then cut off
+    slot = torch.where(key_sorted < n_experts, slot, spare)
+    x_rows = torch.full((spare + 1,), -1, dtype=torch.int32, device=device)
+    out_rows = torch.full((spare + 1,), -1, dtype=torch.int32, device=device)
+    x_rows[slot] = (order if x_per_slot else order // expert_ids.shape[1]).to(torch.int32)
+    out_rows[slot] = order.to(torch.int32)
+    tile = torch.arange(max_tiles, device=device)
+    tile_expert = torch.searchsorted(tiles_end, tile, right=True)
+    tile_expert = torch.where(tile_expert < n_experts, tile_expert, -1).to(torch.int32)
+    return x_rows[:spare], out_rows[:spare], tile_expert
 
 
 def _prepared_x(x2: torch.Tensor, fmt: Format):
@@ -216,32 +253,56 @@ def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device,
     return cfg
 
 
+def expert_path(type_name: str, tokens: int, top: int, n_experts: int) -> str:
+    """Which path multiplies `tokens` tokens routed to `top` experts each of a stack of
+    `n_experts`, from these shapes alone (the same for every routing, as a CUDA graph needs):
+    "gemv" (a GEMV a pair), "tiles" (BM-row tiles of one expert each) or, past the batch
+    sizes engines capture in CUDA graphs, "dequantize+matmul". By the rows an expert gets on
+    average (configs.routed_rows_per_expert), as the dense matmul chooses by M."""
+    rows = configs.routed_rows_per_expert(tokens * top, n_experts)
+    if rows <= configs.MOE_GEMV_MAX_ROWS:
+        return "gemv"
+    if tokens > configs.MOE_GRAPH_MAX_TOKENS and \
+            rows >= configs.dequantize_matmul_min_m(_format(type_name).block_size):
+        return "dequantize+matmul"
+    return "tiles"
+
+
 def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, torch.Tensor],
                   type_name: str, shape) -> torch.Tensor:
     """Each routed token times its experts, for an expert stack W of torch shape (E, N, K):
     x (T, K) (one input per token) or (T, k, K) (one per token and slot), expert_ids (T, k),
     -1 for none. Result (T, k, N) in x's dtype: out[t, j] = x[t (, j)] @ W[expert_ids[t, j]].T,
-    zeros where the id is -1. By the routed rows an expert gets on average, as the dense
-    matmul by M: a GEMV a (token, slot) pair, or one launch of tiles for all experts
-    (moe.py), or from configs.dequantize_matmul_min_m on (prefill's long runs) each chosen
-    expert's weight dequantized once, then torch.matmul."""
+    zeros where the id is -1. The path by expert_path: a GEMV a (token, slot) pair, or one
+    launch of tiles for all experts (moe.py), or for prefill's long runs each chosen expert's
+    weight dequantized once, then torch.matmul. Up to configs.MOE_GRAPH_MAX_TOKENS tokens no
+    step synchronizes with the host (tests/test_host_sync.py)."""
     fmt = _format(type_name)
     n_experts, n, k = shape
-    b = k // fmt.block_size
     t, top = expert_ids.shape
     x2 = x.reshape(-1, k).contiguous()
-    out = torch.zeros(t * top, n, device=x.device, dtype=x.dtype)
-    if out.numel() == 0:
-        return out.reshape(t, top, n)
+    if t * top == 0:
+        return x.new_zeros(t, top, n)
     ids = expert_ids.to(x.device)
-    hit = int(torch.unique(ids[ids >= 0]).numel())
+    path = expert_path(type_name, t, top, n_experts)
+    with _launch_device(x.device):
+        if path == "dequantize+matmul":
+            out = torch.zeros(t * top, n, device=x.device, dtype=x.dtype)
+            return _experts_dequantized(x2, ids, planes, type_name, shape, x.dim() == 3, out)
+        return _expert_kernels(x, x2, ids, planes, fmt, shape, path)
+
+
+def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
+    n_experts, n, k = shape
+    b = k // fmt.block_size
+    t, top = ids.shape
+    pairs = t * top
     args = _plane_args(planes, fmt)
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
-    if t * top / max(hit, 1) <= configs.MOE_GEMV_MAX_ROWS:  # a few rows an expert: a GEMV a pair
-        pairs = t * top
-        cfg = _gemv_config(type_name, pairs, n, b, x.device)
+    if path == "gemv":  # a few rows an expert: a GEMV a pair
+        cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device))
         xf, xs = _prepared_x(x2, fmt)
-        out = _gemv_output(pairs, n, cfg["SPLIT_K"], x).zero_()
+        out = _gemv_output(pairs, n, cfg["SPLIT_K"], x).zero_()  # -1's rows stay zero
         pair_x = torch.arange(pairs, device=x.device, dtype=torch.int32)
         if x.dim() == 2:
             pair_x = pair_x // top
@@ -251,12 +312,9 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
                               SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.to(x.dtype).reshape(t, top, n)
-    if t * top / max(hit, 1) >= configs.dequantize_matmul_min_m(fmt.block_size):
-        return _experts_dequantized(x2, ids, planes, type_name, shape, x.dim() == 3, out)
-    cfg = configs.moe_config(type_name, fmt.block_size, t * top / max(hit, 1))
+    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(pairs, n_experts))
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
-    if tile_expert.numel() == 0:
-        return out.reshape(t, top, n)
+    out = torch.zeros(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows stay zero
     grid = (tile_expert.numel(), triton.cdiv(n, cfg["BN"]))
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
@@ -271,7 +329,9 @@ def _experts_dequantized(x2: torch.Tensor, ids: torch.Tensor, planes: dict[str, 
     """expert_matmul for long runs an expert: the pairs grouped by expert with one sort, then
     for each chosen expert its weight dequantized into x's dtype (the dequantize kernel) and
     its rows multiplied by torch.matmul, as the dense path does from the same M on; the
-    weights of experts no token chose are never read. `out` is zeros [T * k, N]."""
+    weights of experts no token chose are never read. `out` is zeros [T * k, N]. The one
+    path that reads the routing on the host (which experts, how many rows each): it is taken
+    only past the batch sizes engines capture in CUDA graphs (expert_path)."""
     n_experts, n, k = shape
     t, top = ids.shape
     flat = ids.reshape(-1)

@@ -1,7 +1,7 @@
 """Kernel family: products of routed tokens with an expert stack, one launch for all experts
 (the manner of vLLM's fused_moe). The stack's planes are [E, B, N, count]; the (token, slot)
-pairs are sorted by expert and each expert's run padded to the tile's BM rows on the host
-(dispatch.moe_matmul), so every BM-row tile belongs to one expert: the program reads that
+pairs are sorted by expert and each expert's run padded to the tile's BM rows, on the device
+(dispatch._sorted_by_expert), so every BM-row tile belongs to one expert: the program reads that
 expert's planes at its offset, gathers its rows of x, dequantizes each weight tile once for
 the BM rows, and scatters its results to the pairs' output rows. Experts no token chose have
 no tile: their weights are never read.
@@ -10,7 +10,7 @@ At decode most experts get a token or two, and a BM-row tile would be mostly pad
 dequantization's issue the bound (0.29-1.0 of the bandwidth by type, where the GEMV reaches
 0.76-1.0: BENCHMARKS.md): there each (token, slot) pair is a program of the GEMV (gemv.py's
 body, the type's dot function) on its expert's planes, `moe_gemv_kernel`. dispatch.py chooses
-by the rows an expert gets (configs.MOE_GEMV_MAX_ROWS).
+by the rows an expert gets (dispatch.expert_path).
 """
 
 import triton
@@ -44,6 +44,8 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert
     e = tl.load(TILE_EXPERT + tl.program_id(0)).to(tl.int64)
+    if e < 0:  # past the last expert's tiles: the grid is sized from the shapes alone
+        return
     slots = tl.program_id(0) * BM + tl.arange(0, BM)
     x_rows = tl.load(X_ROWS + slots)
     out_rows = tl.load(OUT_ROWS + slots)

@@ -141,8 +141,8 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
                                for _ in range(tokens)]).to(device)
             x = torch.randn(tokens, k, device=device) / stack_dense.abs().max()
             xr = x
-            pairs_per_expert = tokens * top / len(ids.unique())
-            if kernels.FORMATS[name].x_int8 and pairs_per_expert <= kernels.configs.MOE_GEMV_MAX_ROWS:
+            gemv = kernels.dispatch.expert_path(name, tokens, top, experts) == "gemv"
+            if kernels.FORMATS[name].x_int8 and gemv:
                 xr = torch.from_numpy(as_q8_0(x.cpu().numpy())).to(device)
             # every token times every expert, then each slot's: no (T, k, N, K) gather
             every = torch.einsum("tk,enk->ten", xr, stack_dense)

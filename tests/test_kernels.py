@@ -391,8 +391,9 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
     (another rank's expert) giving zeros; float32 and float16 x."""
     if path in ("tiles", "dequantize"):
         monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)
-    if path == "dequantize":  # the long-run threshold, down to these few rows an expert
+    if path == "dequantize":  # the long-run threshold, down to these few rows and tokens
         monkeypatch.setattr(kernels.configs, "dequantize_matmul_min_m", lambda block_size: 1)
+        monkeypatch.setattr(kernels.configs, "MOE_GRAPH_MAX_TOKENS", 0)
         dequantized = []
         real = kernels.dispatch.dequantize
         monkeypatch.setattr(kernels.dispatch, "dequantize",
@@ -427,13 +428,19 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
 
 
 def test_expert_tiles_hold_one_expert_each_and_skip_unchosen_experts():
-    """The host's sort: each expert's pairs padded to whole tiles, every tile one expert's,
-    the slots pointing at x's rows and the output's; an expert no pair chose has no tile."""
+    """The sort on the device: each expert's pairs padded to whole tiles, every tile one
+    expert's, the slots pointing at x's rows and the output's; an expert no pair chose has no
+    tile. Sized from the shapes: 6 pairs in tiles of 4 rows take at most 6 // 4 + 4 = 5
+    tiles; those past the last expert's say -1 (the kernel returns at once)."""
     from gguf_repack_kernels.dispatch import _sorted_by_expert
 
     ids = torch.tensor([[2, 0], [0, 2], [2, -1]])
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, 4, 4, x_per_slot=False)
-    assert tile_expert.tolist() == [0, 2]  # experts 1 and 3: no tile
-    assert out_rows.tolist() == [1, 2, -1, -1, 0, 3, 4, -1]  # pairs (t, j) as t * 2 + j
-    assert x_rows.tolist() == [0, 1, -1, -1, 0, 1, 2, -1]  # their tokens
-    assert _sorted_by_expert(ids, 4, 4, x_per_slot=True)[0].tolist() == [1, 2, -1, -1, 0, 3, 4, -1]
+    assert tile_expert.tolist() == [0, 2, -1, -1, -1]  # experts 1 and 3: no tile
+    unused = [-1] * 12
+    assert out_rows.tolist() == [1, 2, -1, -1, 0, 3, 4, -1] + unused  # pairs (t, j) as t * 2 + j
+    assert x_rows.tolist() == [0, 1, -1, -1, 0, 1, 2, -1] + unused  # their tokens
+    assert _sorted_by_expert(ids, 4, 4, x_per_slot=True)[0].tolist() == [1, 2, -1, -1, 0, 3, 4, -1] + unused
+    # every pair another rank's: no slot, no tile with an expert
+    x_rows, out_rows, tile_expert = _sorted_by_expert(torch.full((2, 2), -1), 4, 4, x_per_slot=False)
+    assert set(x_rows.tolist()) == set(out_rows.tolist()) == set(tile_expert.tolist()) == {-1}

@@ -101,9 +101,14 @@ class QTensor:
                 or (x.dim() == 3 and x.shape[1] != ids.shape[1]) or x.shape[-1] != k:
             raise RepackError(f"expert_matmul: x {list(x.shape)} and expert_ids {list(ids.shape)} do "
                               f"not fit a stack of {experts} experts of [{n}, {k}]")
-        if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= experts):
-            raise RepackError(f"expert_matmul: expert ids must be in -1..{experts - 1}, got "
-                              f"{int(ids.min())}..{int(ids.max())}")
+        if ids.numel():
+            # checked on the device: reading the ids on the host would synchronize, which a
+            # CUDA graph's capture forbids; on a GPU a bad id is a device-side assert
+            try:
+                torch._assert_async(((ids >= -1) & (ids < experts)).all(),
+                                    f"expert_matmul: expert ids must be in -1..{experts - 1}")
+            except RuntimeError as e:  # CPU tensors: raised here
+                raise RepackError(str(e)) from None
         return backends.get(backend, self.device, self.qtype.name).expert_matmul(self, x, ids)
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32,
