@@ -15,10 +15,18 @@ Each GGML type is one Triton dequant function (formats_*.py), shared by every ke
 (dequantize.py, gemm.py, embedding.py), and a dot function for the GEMV (gemv.py);
 dispatch.py picks the path by M (GEMV, fused GEMM, or dequantize then torch.matmul) and
 configs.py holds the launch configurations. On CPU tensors the kernels run under Triton's
-interpreter (TRITON_INTERPRET=1 set before triton is imported).
+interpreter (TRITON_INTERPRET=1 set before triton is imported; interpreter.py makes its
+bfloat16 steps compute what a GPU's do).
 """
+
+import os
 
 from .dispatch import dequantize, embedding, expert_matmul, matmul
 from .registry import FORMATS, Format
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels on CPU tensors: bfloat16 dots as a GPU's
+    from .interpreter import gpu_bfloat16
+
+    gpu_bfloat16()
 
 __all__ = ["dequantize", "matmul", "expert_matmul", "embedding", "FORMATS", "Format"]

@@ -14,7 +14,9 @@ Writes gpu_check.json and gpu_check.md into --out, in four parts:
    bit for bit equal to the torch backend on the same device, matmul within tolerance of x @
    (the torch backend's dense weight).T at M in 0, 1, 3, 8, 16, 33, 256, 2048, and the expert
    products of a 16-expert stack (decode: 1 and 8 tokens of 8 experts each; 256 and 2048
-   tokens of 2) against plain PyTorch; every failure named.
+   tokens of 2) against plain PyTorch; float32, float16 and bfloat16 x; for Q4_K, Q8_0, MXFP4
+   and IQ4_XS, the dense and expert products in bfloat16 captured in CUDA graphs at 1, 8, 64
+   and 512 tokens and replayed with other routings (check_graphs); every failure named.
 2. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS (its own
    bench_gpu.json / .md in --out/bench).
 3. tune: scripts/tune_kernels.py for the same six types, 90 s of compiles at most (then it
@@ -112,8 +114,8 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
         def matmul(m=m):
             x = torch.randn(m, k, device=device, dtype=torch.float32)
             problems = []
-            for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2)):
-                xd = (x / dense.abs().max()).to(dtype) if dtype == torch.float16 else x
+            for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2), (torch.bfloat16, 1e-2)):
+                xd = x if dtype == torch.float32 else (x / dense.abs().max()).to(dtype)
                 xr = xd.float()
                 if kernels.FORMATS[name].x_int8 and m <= kernels.configs.GEMV_MAX_M:
                     # this type's GEMV multiplies x as gguf-py's Q8_0 stores it
@@ -153,8 +155,82 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
             if relative_error(got, ref) > 1e-4:
                 return f"relative error {relative_error(got, ref):.2e} > 1e-4"
         row("expert_matmul", tokens * top, expert_matmul)
+    if name in GRAPH_TYPES:
+        check_graphs(row, name, device, planes, (n, k), stack, (experts, n, k), smoke)
     print(f"kernels {name}: {sum(not r['ok'] for r in rows)} failures", file=sys.stderr, flush=True)
     return rows
+
+
+# the types whose products are also captured in CUDA graphs (each adds ~10 bf16 compiles)
+GRAPH_TYPES = ("Q4_K", "Q8_0", "MXFP4", "IQ4_XS")
+GRAPH_TOKENS = (1, 8, 64, 512)
+
+
+def captured(fn, inputs: list[torch.Tensor], device: torch.device):
+    """fn(*inputs) captured in a CUDA graph as vLLM captures a step (warm-up runs on a side
+    stream first, then torch.cuda.graph): a function that replays it and returns the graph's
+    output tensor. On CPU (--smoke) no graph: the function runs fn again, the same steps."""
+    if device.type != "cuda":
+        return lambda: fn(*inputs)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*inputs)
+
+    def replay():
+        graph.replay()
+        return out
+    return replay
+
+
+def check_graphs(row, name, device, planes, shape, stack, stack_shape, smoke) -> None:
+    """The dense product and the expert products (x per token as for gate and up, per slot as
+    for down) in bfloat16 at 1, 8, 64 and 512 tokens, each captured in a CUDA graph with one
+    routing and replayed with the inputs changed in place: other random routings, all tokens
+    on the same experts (the most skewed), some ids -1 (another rank's); every replay against
+    the same call run eagerly. A capture that synchronizes raises; a launch sized from the
+    captured routing gives wrong rows on replay."""
+    n, k = shape
+    experts = stack_shape[0]
+    top = 2 if smoke else 4
+    for tokens in (1,) if smoke else GRAPH_TOKENS:  # the interpreter: minutes at 8
+        def graphs(tokens=tokens):
+            gen = torch.Generator().manual_seed(100 + tokens)
+
+            def routing(kind):
+                if kind == "skewed":
+                    return torch.arange(top).repeat(tokens, 1).to(device)
+                ids = torch.stack([torch.randperm(experts, generator=gen)[:top] for _ in range(tokens)])
+                if kind == "some -1":
+                    ids[::3, -1] = -1
+                return ids.to(device)
+
+            def x_of(*lead):
+                return (torch.randn(*lead, k, generator=gen) / 8).to(device, torch.bfloat16)
+
+            cases = [("dense", lambda x: kernels.matmul(x, planes, name, shape), [x_of(tokens)], None)]
+            for label, lead in (("experts x per token", (tokens,)), ("experts x per slot", (tokens, top))):
+                cases.append((label, lambda x, ids: kernels.expert_matmul(x, ids, stack, name, stack_shape),
+                              [x_of(*lead), routing("random")], lead))
+            problems = []
+            for label, fn, inputs, lead in cases:
+                replay = captured(fn, inputs, device)
+                for kind in ("random", "skewed", "some -1") if lead else ("random",):
+                    new = [x_of(*(lead or (tokens,)))] + ([routing(kind)] if lead else [])
+                    for static, value in zip(inputs, new):
+                        static.copy_(value)
+                    got = replay().clone()
+                    want = fn(*new)
+                    if relative_error(got, want.float()) > 2e-2:
+                        problems.append(f"{label}, {kind} routing: replay differs from eager by "
+                                        f"{relative_error(got, want.float()):.2e}")
+            return "; ".join(problems) or None
+        row("graph bf16", tokens, graphs)
 
 
 def check_kernels(device: torch.device, types: list[str], smoke: bool) -> list[dict]:

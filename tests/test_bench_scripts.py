@@ -30,7 +30,8 @@ def test_gpu_check_smoke(tmp_path):
     """The prepared GPU check (scripts/gpu_check.py) end to end on CPU: its four parts run and
     report, the kernels of two types pass (a K-quant and a grid type; every type's kernels are
     tests/test_kernels.py's; expert products included: a GEMV a pair and one-expert tiles), the
-    small llama's greedy tokens match."""
+    small llama's greedy tokens match; the CUDA-graph part's steps (without a graph on CPU)
+    for Q4_K."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--types",
                     "Q4_K,IQ2_XXS", "--out", str(tmp_path)], check=True, capture_output=True,
                    timeout=900)
@@ -38,7 +39,7 @@ def test_gpu_check_smoke(tmp_path):
     assert {r["type"] for r in report["kernels"]} == {"Q4_K", "IQ2_XXS"}
     assert all(r["ok"] for r in report["kernels"]), [r for r in report["kernels"] if not r["ok"]]
     assert {r["family"] for r in report["kernels"]} == {"dequantize", "embedding", "matmul",
-                                                        "expert_matmul"}
+                                                        "expert_matmul", "graph bf16"}
     assert report["bench"]["returncode"] == 0, report["bench"]
     assert (tmp_path / "bench" / "bench_gpu.md").is_file()
     assert report["tune"]["returncode"] == 0, report["tune"]

@@ -54,6 +54,7 @@ def test_dequantize_is_bitwise_the_torch_backend(name, rng):
         assert got.dtype == torch.float32 and got.shape == shape
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32)), name
         assert torch.equal(kernels.dequantize(planes, name, shape, torch.float16), expected.half())
+        assert torch.equal(kernels.dequantize(planes, name, shape, torch.bfloat16), expected.bfloat16())
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)
@@ -79,8 +80,14 @@ def test_matmul_and_embedding(name, k_blocks, batches, rng):
         got_h = kernels.matmul(xh, planes, name, (n, k))
         assert got_h.dtype == torch.float16
         assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, m)
+        xb = (x / dense.abs().max()).bfloat16()  # vLLM's default on a GPU (interpreter.py)
+        ref_b = gemv_x(name, xb) @ dense.T
+        got_b = kernels.matmul(xb, planes, name, (n, k))
+        assert got_b.dtype == torch.bfloat16
+        assert ((got_b.float() - ref_b).abs().max() / ref_b.abs().max()).item() <= 2e-2, (name, m)
     ids = torch.tensor([[0, n - 1, 5], [5, 5, 2]])
     assert torch.equal(kernels.embedding(ids, planes, name, (n, k)), dense[ids])
+    assert torch.equal(kernels.embedding(ids, planes, name, (n, k), torch.bfloat16), dense[ids].bfloat16())
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "IQ4_XS", "NVFP4"])
@@ -388,7 +395,7 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
     expert each above, one launch for all experts either way; for long runs each chosen
     expert dequantized, then torch.matmul) against plain PyTorch on the torch backend's
     weights: x per token (gate, up) and per slot (down), an expert no token chose, -1
-    (another rank's expert) giving zeros; float32 and float16 x."""
+    (another rank's expert) giving zeros; float32, float16 and bfloat16 x."""
     if path in ("tiles", "dequantize"):
         monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)
     if path == "dequantize":  # the long-run threshold, down to these few rows and tokens
@@ -420,8 +427,15 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
     ref_h = torch.einsum("tk,tjnk->tjn", rows_h, dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
     assert got_h.dtype == torch.float16
     assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, name
-    if path == "dequantize":  # experts 0, 2, 3 once per call (3 calls), never expert 1
-        assert len(dequantized) == 9 and {a[2] for a in dequantized} == {torch.float32, torch.float16}
+    xb = (x[:, 0] / dense.abs().max()).bfloat16()  # bfloat16 (interpreter.py), one x per token
+    got_b = kernels.expert_matmul(xb, ids, planes, name, (experts, n, k))
+    rows_b = gemv_x(name, xb) if path == "gemv" else xb.float()
+    ref_b = torch.einsum("tk,tjnk->tjn", rows_b, dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+    assert got_b.dtype == torch.bfloat16
+    assert ((got_b.float() - ref_b).abs().max() / ref_b.abs().max()).item() <= 2e-2, name
+    if path == "dequantize":  # experts 0, 2, 3 once per call (4 calls), never expert 1
+        assert len(dequantized) == 12
+        assert {a[2] for a in dequantized} == {torch.float32, torch.float16, torch.bfloat16}
     empty = kernels.expert_matmul(torch.zeros(0, k), torch.zeros(0, 2, dtype=torch.long), planes, name,
                                   (experts, n, k))
     assert empty.shape == (0, 2, n)
@@ -444,3 +458,27 @@ def test_expert_tiles_hold_one_expert_each_and_skip_unchosen_experts():
     # every pair another rank's: no slot, no tile with an expert
     x_rows, out_rows, tile_expert = _sorted_by_expert(torch.full((2, 2), -1), 4, 4, x_per_slot=False)
     assert set(x_rows.tolist()) == set(out_rows.tolist()) == set(tile_expert.tolist()) == {-1}
+
+
+def test_the_interpreter_computes_bfloat16_as_a_gpu():
+    """kernels/interpreter.py: under the interpreter a bfloat16 dot multiplies values (not
+    their uint16 bits) and float32 -> bfloat16 rounds to nearest even, as a GPU and torch do."""
+    from gguf_repack_kernels.interpreter import bfloat16_bits
+
+    @triton.jit
+    def dot_kernel(X, W, OUT, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        m, n, k = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)
+        x = tl.load(X + m[:, None] * BK + k[None, :])
+        w = tl.load(W + n[:, None] * BK + k[None, :])  # float32, rounded to x's bfloat16
+        acc = tl.dot(x, tl.trans(w).to(x.dtype), tl.zeros((BM, BN), dtype=tl.float32))
+        tl.store(OUT + m[:, None] * BN + n[None, :], acc.to(OUT.dtype.element_ty))
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(16, 32, generator=g).bfloat16(), torch.randn(16, 32, generator=g)
+    out = torch.empty(16, 16, dtype=torch.bfloat16)
+    dot_kernel[(1,)](x, w, out, 16, 16, 32)
+    assert torch.equal(out, (x.float() @ w.bfloat16().float().T).bfloat16())
+    values = torch.randn(1 << 16, generator=g) * torch.logspace(-40, 38, 1 << 16)
+    values[:3] = torch.tensor([float("inf"), -float("inf"), 0.0])
+    torch_bits = values.bfloat16().view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(bfloat16_bits(values.numpy()), torch_bits)
