@@ -88,10 +88,10 @@ def embedding(ids: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str
     return out.reshape(*ids.shape, k)
 
 
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1  # the interpreter: no parallel hardware to fill
+def _device(device: torch.device) -> configs.Device:
+    """What the tiles are chosen for (capability, shared memory, SMs); the interpreter's
+    record for CPU tensors: one "SM", no parallel hardware to fill."""
+    return configs.device_of(device)
 
 
 def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +141,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
         return (x2 @ w.T).reshape(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
     if path == "gemv":
-        cfg = _gemv_config(type_name, m, n, b, x.device, tile)
+        cfg = _gemv_config(type_name, m, n, b, x.device, x.dtype, tile)
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         xf, xs = _prepared_x(x2, fmt)
         out = _gemv_output(m, n, cfg["SPLIT_K"], x)
@@ -151,7 +151,7 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
                               num_warps=cfg["num_warps"])
     else:
-        cfg = configs.gemm_config(type_name, fmt.block_size, m, n, b, _multiprocessors(x.device), tile)
+        cfg = configs.gemm_config(type_name, fmt.block_size, m, n, b, _device(x.device), x.dtype, tile)
         if cfg["SPLIT_K"] > 1:  # partial sums added atomically
             out = torch.zeros(m, n, device=x.device, dtype=torch.float32)
         else:
@@ -206,9 +206,9 @@ def _prepared_x(x2: torch.Tensor, fmt: Format):
     return xf, xs
 
 
-def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device,
+def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device, dtype: torch.dtype,
                  tile: dict | None = None) -> dict:
-    cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(device), tile)
+    cfg = configs.gemv_dot_config(type_name, m, n, b, _device(device), dtype, tile)
     if device.type != "cuda":
         # the interpreter runs a program's rows as one array: tiles sized for a GPU's
         # threads (up to 2048 rows) would mostly compute masked rows
@@ -239,7 +239,7 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
     if t * top / max(hit, 1) <= configs.MOE_GEMV_MAX_ROWS:  # a few rows an expert: a GEMV a pair
         pairs = t * top
-        cfg = _gemv_config(type_name, pairs, n, b, x.device)
+        cfg = _gemv_config(type_name, pairs, n, b, x.device, x.dtype)
         xf, xs = _prepared_x(x2, fmt)
         out = _gemv_output(pairs, n, cfg["SPLIT_K"], x).zero_()
         pair_x = torch.arange(pairs, device=x.device, dtype=torch.int32)
@@ -253,7 +253,7 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
         return out.to(x.dtype).reshape(t, top, n)
     if t * top / max(hit, 1) >= configs.dequantize_matmul_min_m(fmt.block_size):
         return _experts_dequantized(x2, ids, planes, type_name, shape, x.dim() == 3, out)
-    cfg = configs.moe_config(type_name, fmt.block_size, t * top / max(hit, 1))
+    cfg = configs.moe_config(type_name, fmt.block_size, t * top / max(hit, 1), _device(x.device), x.dtype)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     if tile_expert.numel() == 0:
         return out.reshape(t, top, n)
