@@ -158,7 +158,8 @@ def main() -> None:
     if unknown:
         ap.error(f"no family {', '.join(sorted(unknown))}")
     # by default gemm_m16 is there for the H200 estimates only: sm_90
-    tasks = [("shared" if args.shared_only else "rp1", name, family, arch, act, args.sass) for name in args.types.split(",")
+    kind = "shared" if args.shared_only else "rp1"
+    tasks = [(kind, name, family, arch, act, args.sass) for name in args.types.split(",")
              for family in families for arch in archs for act in acts
              if args.families or not (family == "gemm_m16" and arch != 90)]
     if not args.no_raw and not args.shared_only:  # fp16 x, its only kernel
