@@ -39,24 +39,43 @@ from .moe import moe_gemm_kernel, moe_gemv_kernel
 from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
-# gemv: the GEMV at M = 1 (decode), gemv_m8 at M = 8, both the type's dot function; gemm:
-# the fused GEMM's tile for M >= 64, gemm_m16 its tile at M = 16; moe_gemv: the expert
-# products at decode (a GEMV a routed token), moe_m16 the expert GEMM's smallest tile
-FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "moe_gemv", "moe_m16", "embedding")
+# Every kernel the dispatcher launches, as it would launch it: gemv, the GEMV at M = 1
+# (decode), gemv_m8 at M = 8, both the type's dot function; the fused GEMM's three tiles,
+# gemm_m16 (M <= 16), gemm_m32 (M <= 32) and gemm (BM = 64, M from 33 to
+# configs.dequantize_matmul_min_m); dequantize (then torch.matmul, from that M on); embedding;
+# moe_gemv, the expert products at decode (a GEMV a routed token), and the expert GEMM's
+# tiles moe_m16, moe_m32, moe_m64 (by the rows an expert gets)
+FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "gemm_m32", "moe_gemv", "moe_m16",
+            "moe_m32", "moe_m64", "embedding")
+# the tl.dot families: the ones whose shared memory grows with the tile (configs.py)
+DOT_FAMILIES = ("gemm_m16", "gemm_m32", "gemm", "moe_m16", "moe_m32", "moe_m64")
 # what inspect_kernels.py compiles unless told: the expert families are the dense ones with an
-# expert's offset (tests/test_kernels_ptx.py compiles moe_gemv apart, for a few types)
-DEFAULT_FAMILIES = tuple(f for f in FAMILIES if not f.startswith("moe_"))
+# expert's offset (tests/test_kernels_ptx.py compiles moe_gemv apart, for a few types);
+# gemm_m32 is the BM = 64 tile's kernel at half its rows
+DEFAULT_FAMILIES = tuple(f for f in FAMILIES if not f.startswith("moe_") and f != "gemm_m32")
 
 H200_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)
 ISSUE_PER_SM_CYCLE = 4
 BUDGET = ISSUE_PER_SM_CYCLE / H200_BYTES_PER_SM_CYCLE  # warp-instructions per weight byte
 SHAPE = (4096, 4096)  # (N, K) the launch configurations are chosen for
-SMS = 132
+SMS = 132  # an H200's, which the estimates are for
 
 
-def _spec(family: str, fmt, act: str):
+def device(capability: int) -> configs.Device:
+    """The device a compile for sm_<capability> is specialized for, as a launch there would
+    be: configs.KNOWN_DEVICES (its shared memory and SMs), or for another capability an H200's
+    SMs and no shared-memory limit."""
+    return configs.KNOWN_DEVICES.get(capability, configs.Device(capability, 0, SMS))
+
+
+# the M (or rows an expert) each tile family is compiled at
+GEMM_M = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 128, "moe_m16": 16, "moe_m32": 32, "moe_m64": 64}
+
+
+def _spec(family: str, fmt, act: str, dev: configs.Device):
     """(kernel, signature, constexprs, config, rows of weight blocks per loop iteration) of
-    one family at its default configuration for SHAPE on an H200."""
+    one family at the configuration the dispatcher would choose for SHAPE on `dev`, for x of
+    dtype `act`."""
     n, k = SHAPE
     block_size = fmt.block_size
     planes = {p: "*i8" for p in PLANES}
@@ -73,7 +92,7 @@ def _spec(family: str, fmt, act: str):
     common = {**planes, "X": f"*{act}", "OUT": "*fp32", "M": "i32", "N": "i32", "B": "i32",
               "stride_xm": "i32", "stride_om": "i32"}
     if family == "moe_gemv":  # one routed token a program, as the GEMV at M = 1
-        cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, SMS)
+        cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, dev, act)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"),
                "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "PAIR_EXPERT": "*i32",
                "PAIR_X": "*i32", "OUT": "*fp32", "N": "i32", "B": "i32", "stride_om": "i32"}
@@ -84,7 +103,7 @@ def _spec(family: str, fmt, act: str):
     if family in ("gemv", "gemv_m8"):
         # a program per row of x: at M = 8 each weight byte is unpacked by 8 programs
         m = 1 if family == "gemv" else 8
-        cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, SMS)
+        cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, dev, act)
         # x comes prepared (float32, or int8 and scales), whatever the activations' dtype
         sig = {**planes, "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "OUT": "*fp32",
                "N": "i32", "B": "i32", "stride_om": "i32"}
@@ -92,15 +111,14 @@ def _spec(family: str, fmt, act: str):
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
             cfg["BN"] / cfg["PARTS"] / m
-    if family in ("gemm", "gemm_m16"):
-        cfg = configs.gemm_config(fmt.name, block_size, 16 if family == "gemm_m16" else 128, n,
-                                  k // block_size, SMS)
+    if family in ("gemm", "gemm_m16", "gemm_m32"):
+        cfg = configs.gemm_config(fmt.name, block_size, GEMM_M[family], n, k // block_size, dev, act)
         out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
         return gemm_kernel, {**common, "OUT": out}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             **gemm_dequant(fmt, act == "fp16"), "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
-    if family == "moe_m16":
-        cfg = configs.moe_config(fmt.name, block_size, 1)
+    if family in ("moe_m16", "moe_m32", "moe_m64"):
+        cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
                "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "OUT": f"*{act}",
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
@@ -112,9 +130,10 @@ def _spec(family: str, fmt, act: str):
 
 def compile_family(family: str, type_name: str, capability: int = 90, act: str = "fp16"):
     """(CompiledKernel, config, weight bytes per loop iteration of one program) of kernel
-    `family` for type `type_name` on sm_<capability> (activations `act`)."""
+    `family` for type `type_name` on sm_<capability> (activations `act`: fp16, bf16, fp32),
+    at the configuration the dispatcher would launch there (`device(capability)`)."""
     fmt = FORMATS[type_name]
-    kernel, sig, constexprs, cfg, rows = _spec(family, fmt, act)
+    kernel, sig, constexprs, cfg, rows = _spec(family, fmt, act, device(capability))
     compiled = compile_kernel(kernel, sig, constexprs, capability,
                               num_warps=cfg["num_warps"], maxnreg=cfg.get("maxnreg"),
                               num_stages=cfg.get("num_stages", 3),
@@ -271,14 +290,25 @@ def gemm_summary(compiled, num_warps: int, bm: int, bn: int, block: int) -> dict
             "estimated_fraction_of_fp16_mma": round(tensor_cycles / time, 3)}
 
 
+def resources(compiled) -> dict:
+    """Registers a thread, shared memory a block (bytes: what Triton checks against the
+    device's limit at launch) and spills (local-memory bytes plus STL/LDL instructions) of a
+    compiled kernel, from its cubin."""
+    sass, usage = cubin_sass(compiled.asm["cubin"])
+    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    # -res-usage counts static shared memory only; Triton's pipelining buffers are dynamic
+    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "shared_memory": max(int(re.search(r"SHARED:(\d+)", usage).group(1)),
+                                 compiled.metadata.shared),
+            "spills": local + len(re.findall(r"\b(?:STL|LDL)\b", sass))}
+
+
 def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
     """The static measures of one compiled kernel (see the module docstring)."""
-    sass, usage = cubin_sass(compiled.asm["cubin"])
+    sass, _ = cubin_sass(compiled.asm["cubin"])
     loop = main_loop(sass)
-    registers = int(re.search(r"REG:(\d+)", usage).group(1))
-    # -res-usage counts static shared memory only; Triton's pipelining buffers are dynamic
-    shared = max(int(re.search(r"SHARED:(\d+)", usage).group(1)), compiled.metadata.shared)
-    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    res = resources(compiled)
+    registers, shared = res["registers"], res["shared_memory"]
     threads = 32 * num_warps
     per_byte = len(loop) * num_warps / bytes_per_iteration
     # registers are allocated per warp in units of 256 (8 per thread)
@@ -292,7 +322,7 @@ def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
         "bandwidth_bound": round(min(1.0, BUDGET / per_byte), 3),
         "registers": registers,
         "shared_memory": shared,
-        "spills": local + len(re.findall(r"\b(?:STL|LDL)\b", sass)),
+        "spills": res["spills"],
         "programs_per_sm": min(by_registers, by_shared, 2048 // threads, 32),
     }
 
@@ -324,7 +354,7 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
     dequantize = max(dequantize_row["warp_instructions_per_byte"] * weight_bytes / ISSUE_PER_SM_CYCLE,
                      (weight_bytes + 2 * n * k) / H200_BYTES_PER_SM_CYCLE) / per_sm
     def fused_gemm(m):
-        cfg = configs.gemm_config(type_name, block, m, n, k // block, SMS)
+        cfg = configs.gemm_config(type_name, block, m, n, k // block, configs.KNOWN_DEVICES[90], "fp16")
         g = gemm_rows[cfg["BM"]]
         assert (g["bm"], g["bn"]) == (cfg["BM"], cfg["BN"]), (g["tile"], cfg)
         split_k = cfg["SPLIT_K"]
@@ -350,3 +380,56 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
                      "dispatched": "gemm" if m < configs.dequantize_matmul_min_m(block)
                      else "dequantize+matmul"})
     return rows
+
+
+def shared_memory_of(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,
+                     num_stages: int = 3, fp_fusion: bool = True) -> int:
+    """The shared memory (bytes) a compile of `kernel` (arguments as compile_kernel's) would
+    record in metadata.shared, without the rest of the compile: Triton's own TTIR and TTGIR
+    stages, then the shared-memory allocation that starts its LLVM stage, whose result that
+    stage reads (`ttg.shared`). A quarter of a full compile's time for the float32 GEMM
+    tiles (LLVM's O3 and ptxas are the rest); tests/test_kernels_ptx.py holds it equal to
+    full compiles."""
+    from triton._C.libtriton import ir, nvidia, passes
+    from triton.backends.nvidia.compiler import get_ptx_version_from_options
+    from triton.compiler.compiler import make_backend
+
+    signature = {**sig, **{k: "constexpr" for k in constexprs}}
+    names = list(signature)
+    generic = set(getattr(kernel, "do_not_specialize", ()) or ())
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in sig if k not in generic}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    target = GPUTarget("cuda", capability, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages,
+                                     "enable_fp_fusion": fp_fusion})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    stages = {}
+    backend.add_stages(stages, options, src.language)
+    metadata = {}
+    module = src.make_ir(target, options, backend.get_codegen_implementation(options),
+                         backend.get_module_map(), context)
+    for stage in ("ttir", "ttgir"):
+        module = stages[stage](module, metadata)
+    # the first passes of NVIDIA's make_llir, up to its shared-memory allocation
+    pm = ir.pass_manager(module.context)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm, False)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(
+        pm, capability, get_ptx_version_from_options(options, backend.target.arch))
+    pm.run(module, "allocate_shared_memory")
+    return module.get_int_attr("ttg.shared") or 0
+
+
+def family_shared_memory(family: str, type_name: str, capability: int = 90, act: str = "fp16"):
+    """(shared memory in bytes, config) of kernel `family` as compile_family would compile it,
+    by shared_memory_of."""
+    fmt = FORMATS[type_name]
+    kernel, sig, constexprs, cfg, _ = _spec(family, fmt, act, device(capability))
+    return shared_memory_of(kernel, sig, constexprs, capability, num_warps=cfg["num_warps"],
+                            num_stages=cfg.get("num_stages", 3),
+                            fp_fusion=family not in ("dequantize", "embedding")), cfg

@@ -1,27 +1,111 @@
 """Launch configurations, kept apart from the kernels. Defaults are chosen by block size
 (256-weight blocks make 8x wider tiles than 32-weight ones); GPU measurements
-(scripts/bench_gpu.py) are what should tune them."""
+(scripts/bench_gpu.py) are what should tune them. The tensor-core tiles are chosen for the
+device they run on and the activations' dtype: a tile must fit the shared memory a block of
+that device may have (`fit_shared_memory`)."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a launch configuration depends on: the compute capability (90 for sm_90, 0 for
+    Triton's interpreter), the shared memory a block may have in bytes (the opt-in maximum,
+    which is what Triton checks a kernel's shared memory against at its first launch; 0: no
+    limit) and the SMs to fill."""
+
+    capability: int
+    shared_memory: int
+    sms: int
+
+    @property
+    def name(self) -> str:
+        """The key of its tuned tiles: "sm90", or "interpreter"."""
+        return f"sm{self.capability}" if self.capability else "interpreter"
+
+
+# The GPUs the kernels are compiled for ahead of time (aot.py, scripts/inspect_kernels.py),
+# by capability: the opt-in shared memory per block of the CUDA programming guide's table
+# (163 KB at 8.0, 99 KB at 8.6, 8.9 and 12.0, 227 KB at 9.0: the SM's 164 / 100 / 228 KB
+# less the 1 KB the driver reserves per block) and the SMs of one product of each: A100,
+# RTX 3090, RTX 4090 (an L40S has 142), H100 SXM / H200, RTX 5090.
+KNOWN_DEVICES = {
+    80: Device(80, 166_912, 108),
+    86: Device(86, 101_376, 82),
+    89: Device(89, 101_376, 128),
+    90: Device(90, 232_448, 132),
+    120: Device(120, 101_376, 170),
+}
+# CPU tensors run under Triton's interpreter: one "SM" (no parallel hardware to fill) and no
+# shared memory to run out of
+INTERPRETER = Device(0, 0, 1)
+
+
+def device_of(device) -> Device:
+    """The Device record of a torch device: the interpreter's for a CPU one, else read from
+    torch.cuda.get_device_properties once per GPU."""
+    if device.type != "cuda":
+        return INTERPRETER
+    import torch
+
+    return _cuda_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@cache
+def _cuda_device(index: int) -> Device:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    capability = props.major * 10 + props.minor
+    # torch exposes cudaDevAttrMaxSharedMemoryPerBlockOptin as shared_memory_per_block_optin
+    # on CUDA builds; without it, the capability's known value, else the 48 KB every block
+    # gets without opting in
+    shared = getattr(props, "shared_memory_per_block_optin", 0) or (
+        KNOWN_DEVICES[capability].shared_memory if capability in KNOWN_DEVICES
+        else props.shared_memory_per_block)
+    return Device(capability, shared, props.multi_processor_count)
+
+
+# Activation dtypes by their short names (Triton's): fp16, bf16, fp32
+ACTS = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+
+
+def act_name(dtype) -> str:
+    """"fp16", "bf16" or "fp32" of a torch dtype (or of that name already)."""
+    name = str(dtype)
+    if name in ACTS.values():
+        return name
+    try:
+        return ACTS[name]
+    except KeyError:
+        raise ValueError(f"activations of dtype {dtype}: float16, bfloat16 or float32") from None
+
 
 # Tiles measured on a GPU: scripts/tune_kernels.py (which scripts/gpu_check.py runs) times the
 # candidates below for each type side by side, checks each against the default tile's result,
 # and writes the fastest as tuned_configs.json; committed here, it replaces the default tile
-# of the types and tile kinds it names (the split-K rule still fits K to the GPU's SMs). None
-# is committed yet: no GPU has run the tuner.
+# of the types and tile kinds it names on the device and activation dtype it was tuned on
+# (the split-K rule still fits K to the GPU's SMs). None is committed yet: no GPU has run
+# the tuner.
 TUNED_CONFIGS = Path(__file__).with_name("tuned_configs.json")
 
 
-def tuned() -> dict:
-    """{tile kind: {type: tile}} from the tuner's file, {} without one. Tile kinds: "gemv"
+def tuned(device: Device, dtype) -> dict:
+    """{tile kind: {type: tile}} from the tuner's file for this device's capability and this
+    activation dtype ("tiles" keyed "sm90/fp16", ...), {} without one. Tile kinds: "gemv"
     (ROWS, PARTS, num_warps) and "gemm_bm16", "gemm_bm32", "gemm_bm64" (BN, num_warps,
     num_stages)."""
-    return _tiles(TUNED_CONFIGS)
+    return _tiles(TUNED_CONFIGS).get(tuned_key(device, dtype), {})
+
+
+def tuned_key(device: Device, dtype) -> str:
+    return f"{device.name}/{act_name(dtype)}"
 
 
 @cache
@@ -72,9 +156,80 @@ def embedding_config(block_size: int) -> dict:
 GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
 
 
+# --- Shared memory of the tensor-core tiles (gemm_kernel, moe_gemm_kernel) ---------------
+# What Triton allocates for them (CompiledKernel.metadata.shared, which it checks against the
+# device's opt-in limit at the first launch, raising OutOfResources) was measured from AOT
+# compiles of every type (scripts/inspect_kernels.py --arch 80,86,89,90,120 --act
+# fp16,bf16,fp32): x's BM x BLOCK tile in some buffers, the dequantized weight's BN x BLOCK
+# tile once, and per row of BN, per pipeline stage after the first, the planes' loads that
+# the pipeline keeps in shared memory (SHARED_ROW_BYTES: a block's bytes, more for the
+# lattice types, whose lookups add their own). By how the dot is lowered:
+# - float32 x: tl.dot in IEEE float32 runs on FMAs, no tensor cores, at every capability
+#   (the same bytes at sm_80 ... sm_120): float32 tiles, x's in num_stages - 1 buffers (one
+#   at 1 stage). The BM = 64 tile of a 256-weight block is 96 KB of operands alone: with
+#   the planes, 98.5-110 KB for 15 of the 23 types, more than the 99 KB a block may have on
+#   sm_86/89/120 (RTX 3090/4090/5090, L40S).
+# - float16 / bfloat16 x at sm_90 (wgmma): x's tile in num_stages buffers (wgmma reads it
+#   from shared memory), 2 bytes a value.
+# - float16 / bfloat16 x elsewhere (mma.sync): at most that of float32 at 2 bytes a value
+#   (Triton reuses some of it at sm_80-89 and sm_120: up to 40% less was measured).
+# The estimate equals the compiles' count for float32 and sm_90 and bounds the rest (the
+# slow test, tests/test_kernels_ptx.py, holds every launched tile to it).
+SHARED_ROW_BYTES = {
+    "IQ1_M": 264, "IQ1_S": 272, "IQ2_S": 298, "IQ2_XS": 394, "IQ2_XXS": 448, "IQ3_S": 294,
+    "IQ3_XXS": 416, "IQ4_NL": 16, "IQ4_XS": 132, "MXFP4": 16, "NVFP4": 36, "Q2_K": 80,
+    "Q3_K": 112, "Q4_0": 16, "Q4_1": 16, "Q4_K": 144, "Q5_0": 20, "Q5_1": 20, "Q5_K": 176,
+    "Q6_K": 208, "Q8_0": 32, "TQ1_0": 48, "TQ2_0": 64}
+
+
+def shared_memory_estimate(type_name: str, block_size: int, bm: int, bn: int, num_stages: int,
+                           capability: int, dtype) -> int:
+    """Bytes of shared memory Triton allocates for a gemm_kernel / moe_gemm_kernel tile, from
+    its shape (the model above): never less than a compile measures."""
+    act = act_name(dtype)
+    size = 4 if act == "fp32" else 2
+    x_buffers = num_stages if capability == 90 and act != "fp32" else max(1, num_stages - 1)
+    return (size * block_size * (x_buffers * bm + bn)
+            + (num_stages - 1) * bn * SHARED_ROW_BYTES.get(type_name, 512))
+
+
+def fit_shared_memory(type_name: str, block_size: int, cfg: dict, device: Device, dtype) -> dict:
+    """`cfg` (BM, BN, num_stages ...) if its estimate fits the device's shared memory, else the
+    nearest that does: fewer pipeline stages at the same BN first, then BN halved (down to
+    16, the dot's least), each BN from the stages asked for down. Stages before BN: x's
+    tile is the bulk of the bytes (float32 x at BM = 64: 64 KB an iteration, against 4.6 KB
+    of Q4_K weights at BN = 32), and each halving of BN doubles how often it is read per
+    weight; at 1 stage no loads are kept in shared memory (float32 Q4_K at BM = 64: 96 KB,
+    from 100.5). Not timed on a GPU: either way such a tile takes an SM of 100 KB alone.
+    The interpreter has no limit; a tile within the limit is kept exactly."""
+    if not device.shared_memory:
+        return cfg
+    bn = cfg["BN"]
+    while bn >= 16:
+        for stages in range(cfg["num_stages"], 0, -1):
+            if shared_memory_estimate(type_name, block_size, cfg["BM"], bn, stages,
+                                      device.capability, dtype) <= device.shared_memory:
+                return {**cfg, "BN": bn, "num_stages": stages}
+        bn //= 2
+    return cfg  # nothing smaller fits either: Triton will say so at launch
+
+
+def _tuned_tile(kind: str, type_name: str, block_size: int, bm: int, default: dict,
+                device: Device, dtype) -> dict:
+    """The default tile, or the tuned one of this device and dtype where there is one that
+    fits the device (a tile tuned with more shared memory than this GPU has is not used)."""
+    tile = {**default, **tuned(device, dtype).get(kind, {}).get(type_name, {})}
+    if tile == default or not device.shared_memory or shared_memory_estimate(
+            type_name, block_size, bm, tile["BN"], tile["num_stages"], device.capability,
+            dtype) <= device.shared_memory:
+        return tile
+    return default
+
+
 def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
-                sms: int, tile: dict | None = None) -> dict:
-    """The fused GEMM's tile. Its time is the issue of its dequantization, so what counts is
+                device: Device, dtype, tile: dict | None = None) -> dict:
+    """The fused GEMM's tile on `device` (a Device: device_of, or KNOWN_DEVICES for AOT) for
+    x of `dtype`. Its time is the issue of its dequantization, so what counts is
     how many programs run at once and how much of a program's work is its own overhead
     (addresses, barriers, copies): BN = 32 from M = 17 on (BN = 64 left half the SMs idle at
     M = 128 for N = 4096), 2 pipeline stages (3 took Q4_K's tile to 121 KB of shared memory,
@@ -84,17 +239,23 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     split (in a power of two that divides the block columns) up to 2 programs an SM, not
     beyond: each split adds M x N float32 atomics. Larger tiles (BM = 128, 8 warps) cut the
     instructions per MMA but leave SMs idle below M = 256 (BENCHMARKS.md, "GEMM paths").
-    `tile` (BN, num_warps, num_stages), else the tuned one (tuned_configs.json), replaces the
-    default."""
+    `tile` (BN, num_warps, num_stages) replaces the default as given (the tuner's
+    candidates); else the tuned one (tuned_configs.json) where it fits; the result is fitted
+    to the device's shared memory (fit_shared_memory: float32 x's BM = 64 tile of 256-weight
+    blocks does not fit the 99 KB of sm_86/89/120)."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
-    cfg = {"BN": bn, "num_warps": 4, "num_stages": 2,
-           **(tile or tuned().get(f"gemm_bm{bm}", {}).get(type_name, {}))}
+    default = {"BN": bn, "num_warps": 4, "num_stages": 2}
+    if tile is not None:
+        cfg = {"BM": bm, **default, **tile}
+    else:
+        cfg = fit_shared_memory(type_name, block_size, {"BM": bm, **_tuned_tile(
+            f"gemm_bm{bm}", type_name, block_size, bm, default, device, dtype)}, device, dtype)
     tiles = -(-m // bm) * -(-n // cfg["BN"])
     split_k = 1
-    while tiles * split_k * 2 <= 2 * sms and n_blocks % (2 * split_k) == 0:
+    while tiles * split_k * 2 <= 2 * device.sms and n_blocks % (2 * split_k) == 0:
         split_k *= 2
-    return {"BM": bm, **cfg, "SPLIT_K": split_k}
+    return {**cfg, "SPLIT_K": split_k}
 
 
 # The dot GEMV (gemv_dot_kernel, M <= GEMV_MAX_M). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
@@ -109,18 +270,20 @@ GEMV_ROWS = {"Q2_K": 2, "Q3_K": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ1_0": 1, 
 GEMV_PARTS = {"IQ4_XS": 4, "IQ1_M": 2}
 
 
-def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, sms: int,
+def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Device, dtype,
                     tile: dict | None = None) -> dict:
-    """The dot GEMV at M rows of x (a program each): BN rows a program, PARTS calls a block
-    column, split K until about 2 programs per SM (a small matrix at batch 1 still fills the
-    GPU). `tile` (ROWS, PARTS, num_warps), else the tuned one, replaces the default."""
+    """The dot GEMV at M rows of x (a program each) on `device`: BN rows a program, PARTS
+    calls a block column, split K until about 2 programs per SM (a small matrix at batch 1
+    still fills the GPU). `tile` (ROWS, PARTS, num_warps), else the one tuned for this device
+    and x's dtype, replaces the default. No tl.dot: its shared memory is a few KB at most
+    (the tests' AOT compiles), nothing to fit."""
     cfg = {"ROWS": GEMV_ROWS.get(type_name, 4), "PARTS": GEMV_PARTS.get(type_name, 1), "num_warps": 4,
-           **(tile or tuned().get("gemv", {}).get(type_name, {}))}
+           **(tile or tuned(device, dtype).get("gemv", {}).get(type_name, {}))}
     warps, parts = cfg["num_warps"], cfg["PARTS"]
     bn = 32 * warps * cfg["ROWS"]
     tiles = -(-n // bn)
     split_k = 1
-    while tiles * split_k * m < 2 * sms and split_k * 2 <= n_blocks * parts:
+    while tiles * split_k * m < 2 * device.sms and split_k * 2 <= n_blocks * parts:
         split_k *= 2
     return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps}
 
@@ -152,13 +315,17 @@ def routed_rows_per_expert(pairs: int, n_experts: int) -> float:
     return pairs / max(chosen, 1.0)
 
 
-def moe_config(type_name: str, block_size: int, rows_per_expert: float) -> dict:
-    """The expert GEMM's tile (moe.py), by the routed rows an expert gets on average: at
+def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: Device,
+               dtype) -> dict:
+    """The expert GEMM's tile (moe.py) on `device` for x of `dtype`, by the routed rows an
+    expert gets on average (from shapes alone: no data is read): at
     decode (a few) the fused GEMM's M <= 16 tile, whose padding rows cost issue but no weight
     bytes; for longer runs the BM = 32 / 64 tiles, up to dequantize_matmul_min_m rows an
     expert, where prefill's long runs take each chosen expert dequantized, then torch.matmul
-    (dispatch.expert_matmul). No split K: the experts' tiles are the parallelism. Not
-    measured on a GPU yet."""
+    (dispatch.expert_matmul). No split K: the experts' tiles are the parallelism. The tile
+    is the dense GEMM's of the same BM, fitted to the device's shared memory alike (the
+    expert kernel allocates what gemm_kernel does: measured). Not timed on a GPU yet."""
     bm = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
     bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
-    return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}
+    return fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4,
+                                                      "num_stages": 2}, device, dtype)

@@ -108,10 +108,10 @@ def embedding(ids: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str
     return out.reshape(*ids.shape, k)
 
 
-def _multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1  # the interpreter: no parallel hardware to fill
+def _device(device: torch.device) -> configs.Device:
+    """What the tiles are chosen for (capability, shared memory, SMs); the interpreter's
+    record for CPU tensors: one "SM", no parallel hardware to fill."""
+    return configs.device_of(device)
 
 
 def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
@@ -166,7 +166,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         return (x2 @ w.T).reshape(*x.shape[:-1], n)
     args = _plane_args(planes, fmt)
     if path == "gemv":
-        cfg = _deterministic(_gemv_config(type_name, m, n, b, x.device, tile))
+        cfg = _deterministic(_gemv_config(type_name, m, n, b, x.device, x.dtype, tile))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         xf, xs = _prepared_x(x2, fmt)
         out = _gemv_output(m, n, cfg["SPLIT_K"], x)
@@ -176,8 +176,8 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
                               num_warps=cfg["num_warps"])
     else:
-        cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b,
-                                                 _multiprocessors(x.device), tile))
+        cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b, _device(x.device),
+                                                 x.dtype, tile))
         if cfg["SPLIT_K"] > 1:  # partial sums added atomically
             out = torch.zeros(m, n, device=x.device, dtype=torch.float32)
         else:
@@ -243,9 +243,9 @@ def _prepared_x(x2: torch.Tensor, fmt: Format):
     return xf, xs
 
 
-def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device,
+def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device, dtype: torch.dtype,
                  tile: dict | None = None) -> dict:
-    cfg = configs.gemv_dot_config(type_name, m, n, b, _multiprocessors(device), tile)
+    cfg = configs.gemv_dot_config(type_name, m, n, b, _device(device), dtype, tile)
     if device.type != "cuda":
         # the interpreter runs a program's rows as one array: tiles sized for a GPU's
         # threads (up to 2048 rows) would mostly compute masked rows
@@ -300,7 +300,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     args = _plane_args(planes, fmt)
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
     if path == "gemv":  # a few rows an expert: a GEMV a pair
-        cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device))
+        cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype))
         xf, xs = _prepared_x(x2, fmt)
         out = _gemv_output(pairs, n, cfg["SPLIT_K"], x).zero_()  # -1's rows stay zero
         pair_x = torch.arange(pairs, device=x.device, dtype=torch.int32)
@@ -312,7 +312,8 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
                               SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.to(x.dtype).reshape(t, top, n)
-    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(pairs, n_experts))
+    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(pairs, n_experts),
+                             _device(x.device), x.dtype)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     out = torch.zeros(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows stay zero
     grid = (tile_expert.numel(), triton.cdiv(n, cfg["BN"]))

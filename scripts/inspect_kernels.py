@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
 """What every kernel would run on a GPU, read off its compiled code: compiles each kernel
 family for each type, ahead of time for sm_80 and sm_90 (no GPU needed), and tabulates what
-the PTX shows (vector loads, tensor-core instructions, local-memory spills); the raw-layout
-GEMV (GGUF's own blocks) is compiled beside it for contrast.
+the PTX shows (vector loads, tensor-core instructions, local-memory spills) and what the cubin
+takes (registers, shared memory against the device's limit, spills); the raw-layout GEMV
+(GGUF's own blocks) is compiled beside it for contrast.
 
     python scripts/inspect_kernels.py [--types Q4_0,Q8_0] [--arch 80,90] [--families gemv]
-                                      [--sass] [--jobs 2] [--json OUT.json]
+                                      [--act fp16,bf16,fp32] [--sass] [--jobs 2] [--json OUT.json]
+
+Each kernel is compiled at the configuration the dispatcher would launch on that arch
+(kernels/configs.py with configs.KNOWN_DEVICES' record of it: its SMs, its shared memory per
+block) for activations of each --act dtype. `--families` takes any of aot.FAMILIES (the
+tensor-core tiles of both the dense and the expert GEMM: gemm_m16,gemm_m32,gemm,moe_m16,
+moe_m32,moe_m64); without it, the default families, gemm_m16 at sm_90 only.
 
 --sass adds, from the SASS of each cubin (Triton's own cuobjdump): the instructions of the
 main loop, the weight bytes one program reads per iteration, warp-instructions per weight
 byte, the bound that puts on the fraction of an H200's bandwidth reachable at batch 1
 (budget 0.218, see gguf_repack_kernels/aot.py), registers, shared memory, programs per SM,
-spills, and the widest global load from each plane. Configurations are the defaults of
-kernels/configs.py for a 4096 x 4096 weight on 132 SMs.
+spills, and the widest global load from each plane. Configurations are those of
+kernels/configs.py for a 4096 x 4096 weight.
 
 Run without TRITON_INTERPRET (it is removed here): interpreted kernels cannot be compiled.
 """
@@ -33,28 +40,32 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gguf_repack_kernels import FORMATS  # noqa: E402
 from gguf_repack_kernels.aot import (  # noqa: E402
     DEFAULT_FAMILIES,
+    DOT_FAMILIES,
     FAMILIES,
     SHAPE,
-    SMS,
     compile_family,
     compile_kernel,
+    device,
+    family_shared_memory,
     gemm_summary,
     load_widths,
     matmul_path_estimates,
     ptx_summary,
+    resources,
     sass_summary,
 )
+from gguf_repack_kernels.configs import shared_memory_estimate  # noqa: E402
 
 
 def _measure(compiled, cfg, bytes_per_iteration, arg_names, sass: bool) -> dict:
-    row = ptx_summary(compiled.asm["ptx"])
+    row = {**ptx_summary(compiled.asm["ptx"]), **resources(compiled)}
     if sass:
         row.update(sass_summary(compiled, cfg["num_warps"], bytes_per_iteration))
         row["widest_load"] = load_widths(compiled.asm["ptx"], arg_names)
     return row
 
 
-def _raw_row(name: str, arch: int, sass: bool) -> dict:
+def _raw_row(name: str, arch: int, act: str, sass: bool) -> dict:
     """The raw-layout GEMV of type `name`, at its own configuration (raw_gemv_config)."""
     from raw_layout_kernels import RAW_DEQUANT, raw_gemv_config, raw_gemv_kernel
 
@@ -64,22 +75,39 @@ def _raw_row(name: str, arch: int, sass: bool) -> dict:
            "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
     qtype = TYPES_BY_NAME[name]
     n, k = SHAPE
-    cfg = raw_gemv_config(qtype.block_size, n, k // qtype.block_size, SMS)
+    cfg = raw_gemv_config(qtype.block_size, n, k // qtype.block_size, device(arch).sms)
     compiled = compile_kernel(raw_gemv_kernel, sig, {
         "BLOCK": qtype.block_size, "TYPE_SIZE": qtype.type_size, "BN": cfg["BN"],
         "M_PAD": 1, "SPLIT_K": cfg["SPLIT_K"], "DQ": RAW_DEQUANT[name]}, arch,
         num_warps=cfg["num_warps"])
-    return {"type": name, "family": "gemv (raw GGUF blocks)", "arch": arch,
+    return {"type": name, "family": "gemv (raw GGUF blocks)", "arch": arch, "act": act,
+            "shared_memory_limit": device(arch).shared_memory,
             **_measure(compiled, cfg, cfg["BN"] * qtype.type_size, list(sig), sass)}
 
 
-def _row(name: str, family: str, arch: int, sass: bool) -> dict:
+def _shared_row(name: str, family: str, arch: int, act: str) -> dict:
+    """--shared-only: the shared memory of the kernel as launched, up to Triton's allocation
+    of it (aot.shared_memory_of), against the device's limit and configs' estimate."""
+    shared, cfg = family_shared_memory(family, name, arch, act)
+    row = {"type": name, "family": family, "arch": arch, "act": act, "config": cfg,
+           "shared_memory": shared, "shared_memory_limit": device(arch).shared_memory}
+    if family in DOT_FAMILIES:
+        row["shared_memory_estimate"] = shared_memory_estimate(
+            name, FORMATS[name].block_size, cfg["BM"], cfg["BN"], cfg["num_stages"], arch, act)
+    return row
+
+
+def _row(name: str, family: str, arch: int, act: str, sass: bool) -> dict:
     fields = list(FORMATS[name].fields)
-    compiled, cfg, nbytes = compile_family(family, name, arch)
+    compiled, cfg, nbytes = compile_family(family, name, arch, act)
     arg_names = fields + ["P%d" % i for i in range(len(fields), 5)] + ["TABLE", "X"]
-    row = {"type": name, "family": family, "arch": arch,
+    row = {"type": name, "family": family, "arch": arch, "act": act, "config": cfg,
+           "shared_memory_limit": device(arch).shared_memory,
            **_measure(compiled, cfg, nbytes, arg_names, sass)}
-    if sass and family in ("gemm", "gemm_m16", "moe_m16") and arch == 90:
+    if family in DOT_FAMILIES:  # configs.py's estimate, which chose the tile
+        row["shared_memory_estimate"] = shared_memory_estimate(
+            name, FORMATS[name].block_size, cfg["BM"], cfg["BN"], cfg["num_stages"], arch, act)
+    if sass and family in DOT_FAMILIES and arch == 90 and act == "fp16":
         row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
                                 FORMATS[name].block_size))
     return row
@@ -90,7 +118,7 @@ def _add_path_estimates(rows: list[dict]) -> None:
     of each type whose dequantize and both GEMM tiles were compiled for sm_90."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    at90 = {(r["type"], r["family"]): r for r in rows if r["arch"] == 90}
+    at90 = {(r["type"], r["family"]): r for r in rows if r["arch"] == 90 and r["act"] == "fp16"}
     for (name, family), r in at90.items():
         dq, m16 = at90.get((name, "dequantize")), at90.get((name, "gemm_m16"))
         if family == "gemm" and dq and m16:
@@ -101,8 +129,9 @@ def _add_path_estimates(rows: list[dict]) -> None:
 
 def _run(task: tuple) -> dict:
     kind, *args = task
-    row = _raw_row(*args) if kind == "raw" else _row(*args)
-    print(f"compiled {row['type']} {row['family']} sm_{row['arch']}", file=sys.stderr)
+    row = (_raw_row(*args) if kind == "raw" else _shared_row(*args[:-1]) if kind == "shared"
+           else _row(*args))
+    print(f"compiled {row['type']} {row['family']} sm_{row['arch']} {row['act']}", file=sys.stderr)
     return row
 
 
@@ -111,23 +140,32 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(sorted(FORMATS)))
     ap.add_argument("--arch", default="80,90")
-    ap.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
-                    help=f"of {','.join(FAMILIES)}")
+    ap.add_argument("--families", default=None,
+                    help=f"of {','.join(FAMILIES)} (default: {','.join(DEFAULT_FAMILIES)})")
+    ap.add_argument("--act", default="fp16", help="activation dtypes: of fp16,bf16,fp32")
     ap.add_argument("--sass", action="store_true", help="add the SASS measures")
     ap.add_argument("--no-raw", action="store_true", help="leave out the raw-layout GEMV")
+    ap.add_argument("--shared-only", action="store_true",
+                    help="only the shared memory against the limit (no PTX, SASS; 50x faster)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="compiles in parallel (each is one core's work)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     archs = [int(a) for a in args.arch.split(",")]
-    # gemm_m16 is there for the H200 estimates only: sm_90
-    tasks = [("rp1", name, family, arch, args.sass) for name in args.types.split(",")
-             for family in args.families.split(",") for arch in archs
-             if not (family == "gemm_m16" and arch != 90)]
-    if not args.no_raw:
+    acts = args.act.split(",")
+    families = (args.families or ",".join(DEFAULT_FAMILIES)).split(",")
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        ap.error(f"no family {', '.join(sorted(unknown))}")
+    # by default gemm_m16 is there for the H200 estimates only: sm_90
+    kind = "shared" if args.shared_only else "rp1"
+    tasks = [(kind, name, family, arch, act, args.sass) for name in args.types.split(",")
+             for family in families for arch in archs for act in acts
+             if args.families or not (family == "gemm_m16" and arch != 90)]
+    if not args.no_raw and not args.shared_only:  # fp16 x, its only kernel
         from raw_layout_kernels import RAW_DEQUANT
 
-        tasks += [("raw", name, arch, args.sass) for name in RAW_DEQUANT for arch in archs]
+        tasks += [("raw", name, arch, "fp16", args.sass) for name in RAW_DEQUANT for arch in archs]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             rows = list(pool.map(_run, tasks))
@@ -137,7 +175,16 @@ def main() -> None:
         _add_path_estimates(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    if args.sass:
+    if args.shared_only:
+        print("| type | family | arch | act | tile | shared | estimate | limit |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            cfg = r["config"]
+            tile = f"{cfg['BM']}x{cfg['BN']}, {cfg['num_stages']} st." if "BM" in cfg else ""
+            print(f"| {r['type']} | {r['family']} | sm_{r['arch']} | {r['act']} | {tile} | "
+                  f"{r['shared_memory']} | {r.get('shared_memory_estimate', '-')} | "
+                  f"{r['shared_memory_limit'] or '-'} |")
+    elif args.sass:
         print("| type | family | arch | loop instr. | bytes/iter. | instr./byte | bound | "
               "registers | progs/SM | shared | spills | widest loads (bytes) |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -167,11 +214,16 @@ def main() -> None:
                       f"{e['fused_gemm_fraction']} | {e['dequantize_matmul_fraction']} | "
                       f"{e['dispatched']} | {e['break_even_m']} |")
     else:
-        print("| type | family | arch | vector loads | scalar loads | mma / wgmma | spills |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("| type | family | arch | act | tile | vector loads | scalar loads | mma / wgmma | "
+              "registers | shared / limit | spills |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
-            print(f"| {r['type']} | {r['family']} | sm_{r['arch']} | {r['vector_loads']} | "
-                  f"{r['scalar_loads']} | {r['mma']} / {r['wgmma']} | {r['spills']} |")
+            cfg = r.get("config", {})
+            tile = (f"{cfg['BM']}x{cfg['BN']}, {cfg['num_stages']} st." if "BM" in cfg else "")
+            print(f"| {r['type']} | {r['family']} | sm_{r['arch']} | {r['act']} | {tile} | "
+                  f"{r['vector_loads']} | {r['scalar_loads']} | {r['mma']} / {r['wgmma']} | "
+                  f"{r['registers']} | {r['shared_memory']} / {r['shared_memory_limit'] or '-'} | "
+                  f"{r['spills']} |")
 
 
 if __name__ == "__main__":

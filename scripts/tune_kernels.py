@@ -9,12 +9,16 @@ kernels/configs.py reads once it is committed as kernels/tuned_configs.json.
     python scripts/tune_kernels.py --smoke --out DIR    # CPU, Triton's interpreter, tiny
                                                         # shapes: checks the script
 
-Tile kinds, each timed at one M on a 4096 x 4096 weight with float16 x: gemv at M = 1 (the
+Tile kinds, each timed at one M on a 4096 x 4096 weight with x of --act (fp16 unless told;
+bf16, fp32): gemv at M = 1 (the
 decode GEMV; its tile serves every M up to configs.GEMV_MAX_M), gemm_bm16 at M = 16,
 gemm_bm32 at M = 32, gemm_bm64 at M = 64 (the fused GEMM's tiles, below the
 dequantize+matmul threshold). Every candidate is a compile on first use: --budget (seconds)
 stops taking new types when spent, and the report names those left out. Writes
 tuned_configs.json (tiles, every timing, the device, Triton's version) and tuned_configs.md.
+Tiles go under the key of the device's capability and x's dtype ("sm90/fp16"; configs.tuned
+reads only its own GPU's and dtype's); those of other keys already in --out's
+tuned_configs.json are kept, so runs on several GPUs and dtypes add up in one file.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--types", default=None, help="comma-separated subset (default: every type)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--budget", type=float, default=240.0, help="seconds; then no new type is started")
+    ap.add_argument("--act", default="fp16", choices=["fp16", "bf16", "fp32"])
     ap.add_argument("--smoke", action="store_true")
     return ap.parse_args()
 
@@ -71,7 +76,7 @@ def candidates(kind: str, name: str, smoke: bool) -> list[dict]:
 
 
 def tune_type(name: str, n: int, k: int, device: torch.device, timer: Timer, smoke: bool,
-              rng: np.random.Generator) -> list[dict]:
+              rng: np.random.Generator, dtype: torch.dtype = torch.float16) -> list[dict]:
     """Every candidate of every kind for one type: a row each, with its time, its error
     against the default tile's result, or why it could not run."""
     qtype = TYPES_BY_NAME[name]
@@ -79,7 +84,7 @@ def tune_type(name: str, n: int, k: int, device: torch.device, timer: Timer, smo
     planes = {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()}
     rows = []
     for kind, m in KINDS.items():
-        x = (torch.randn(m, k, device=device) / k ** 0.5).half()
+        x = (torch.randn(m, k, device=device) / k ** 0.5).to(dtype)
         default = kernels.matmul(x, planes, name, (n, k)).float()
         scale = default.abs().max().item() or 1.0
         base = {"type": name, "kind": kind, "M": m}
@@ -116,7 +121,8 @@ def choose(rows: list[dict]) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# Tiles tuned on {report['device']}", "",
-             f"Triton {report['triton']}, {report['shape'][0]} x {report['shape'][1]}, float16 x; "
+             f"Triton {report['triton']}, {report['shape'][0]} x {report['shape'][1]}, {report['act']} x "
+             f"(tiles under \"{report['key']}\"); "
              f"{report['seconds']:.0f} s. Copy tuned_configs.json to kernels/ to use them.", "",
              "| type | kind | M | default (us) | best (us) | best tile | candidates that failed |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -152,6 +158,7 @@ def main(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"error: no kernel for {', '.join(unknown)}")
     timer = Timer(device, runs)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.act]
     rows, left_out = [], []
     for name in types:
         if time.perf_counter() - start > args.budget:
@@ -159,9 +166,14 @@ def main(args: argparse.Namespace) -> None:
             continue
         block = TYPES_BY_NAME[name].block_size
         n, k = (64, 2 * block) if args.smoke else SHAPE
-        rows += tune_type(name, n, k, device, timer, args.smoke, rng)
+        rows += tune_type(name, n, k, device, timer, args.smoke, rng, dtype)
+    key = kernels.configs.tuned_key(kernels.configs.device_of(device), dtype)
+    out = args.out / "tuned_configs.json"
+    tiles = json.loads(out.read_text()).get("tiles", {}) if out.exists() else {}
     report = {"device": device_name, "triton": triton.__version__, "torch": torch.__version__,
-              "shape": [64, "2 blocks"] if args.smoke else list(SHAPE), "tiles": choose(rows),
+              "act": args.act, "key": key,
+              "shape": [64, "2 blocks"] if args.smoke else list(SHAPE),
+              "tiles": {**tiles, key: choose(rows)},
               "timings": rows, "left_out": left_out, "seconds": time.perf_counter() - start}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tuned_configs.json").write_text(json.dumps(report, indent=1))

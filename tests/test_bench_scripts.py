@@ -68,16 +68,20 @@ def test_tune_kernels_smoke_writes_tiles_that_configs_reads(tmp_path, monkeypatc
     from gguf_repack.format.layout import pack
     from gguf_repack.format.type_table import TYPES_BY_NAME
 
+    # under the key of the device and dtype it ran on: the interpreter, float16 x
+    assert list(report["tiles"]) == ["interpreter/fp16"] and report["key"] == "interpreter/fp16"
     tiles = {"gemm_bm16": {"Q4_0": {"BN": 32, "num_warps": 4, "num_stages": 3}},
              "gemv": {"Q4_0": {"ROWS": 1, "PARTS": 1, "num_warps": 4}}}
     tuned = tmp_path / "tuned_configs.json"
-    tuned.write_text(json.dumps({**report, "tiles": tiles}))
-    assert kernels.configs.gemm_config("Q4_0", 32, 16, 4096, 128, 132)["BN"] == 128  # the default
+    tuned.write_text(json.dumps({**report, "tiles": {"interpreter/fp32": tiles}}))
+    gpu = kernels.configs.Device(0, 0, 132)  # the interpreter's key, 132 SMs
+    assert kernels.configs.gemm_config("Q4_0", 32, 16, 4096, 128, gpu, torch.float32)["BN"] == 128
     monkeypatch.setattr(kernels.configs, "TUNED_CONFIGS", tuned)
-    cfg = kernels.configs.gemm_config("Q4_0", 32, 16, 4096, 128, 132)
+    cfg = kernels.configs.gemm_config("Q4_0", 32, 16, 4096, 128, gpu, torch.float32)
     assert (cfg["BN"], cfg["num_stages"]) == (32, 3)
-    assert kernels.configs.gemv_dot_config("Q4_0", 1, 4096, 128, 132)["BN"] == 128  # 32 x 4 warps x 1 row
-    assert kernels.configs.gemm_config("Q4_K", 256, 16, 4096, 16, 132)["BN"] == 64  # not named: default
+    assert kernels.configs.gemm_config("Q4_0", 32, 16, 4096, 128, gpu, torch.float16)["BN"] == 128
+    assert kernels.configs.gemv_dot_config("Q4_0", 1, 4096, 128, gpu, torch.float32)["BN"] == 128  # 1 row
+    assert kernels.configs.gemm_config("Q4_K", 256, 16, 4096, 16, gpu, torch.float32)["BN"] == 64  # default
     qtype = TYPES_BY_NAME["Q4_0"]
     blocks = random_blocks(qtype.id, (40, 64), np.random.default_rng(0))
     planes = {f: torch.from_numpy(v) for f, v in pack(blocks, qtype).items()}

@@ -230,7 +230,8 @@ def test_deterministic_mode_takes_no_float_atomics(monkeypatch):
     atomics that make the default's last bits vary from run to run); results are repeatable."""
     w = stack("Q4_K", (40, 256 * 2))
     x = _x(3, 256 * 2, 4)
-    monkeypatch.setattr(kernels.dispatch, "_multiprocessors", lambda device: 132)  # as an H200 splits
+    # as an H200 splits K (132 SMs to fill), on CPU tensors
+    monkeypatch.setattr(kernels.dispatch, "_device", lambda device: kernels.configs.Device(0, 0, 132))
     with recording() as rec:
         w.matmul(x, backend="triton")
     assert any(launch[3]["SPLIT_K"] > 1 for launch in rec.launches if launch[0] == "gemv_dot_kernel")

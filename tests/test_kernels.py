@@ -99,10 +99,12 @@ def test_matmul_with_split_k_as_on_a_gpu(name, rng, monkeypatch):
     n, k = 37, 4 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
     dense = dequantize_planes(planes, qtype)
-    monkeypatch.setattr(kernels.dispatch, "_multiprocessors", lambda device: 132)
+    gpu = kernels.configs.Device(0, 0, 132)  # the interpreter's, with 132 SMs
+    monkeypatch.setattr(kernels.dispatch, "_device", lambda device: gpu)
     for m in (1, 16):
-        splits = (kernels.configs.gemv_dot_config(name, m, n, 4, 132) if m == 1
-                  else kernels.configs.gemm_config(name, qtype.block_size, m, n, 4, 132))["SPLIT_K"]
+        splits = (kernels.configs.gemv_dot_config(name, m, n, 4, gpu, torch.float32) if m == 1
+                  else kernels.configs.gemm_config(name, qtype.block_size, m, n, 4, gpu,
+                                                   torch.float32))["SPLIT_K"]
         assert splits > 1, (m, splits)
         x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
         ref = gemv_x(name, x) @ dense.T

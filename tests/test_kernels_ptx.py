@@ -199,3 +199,119 @@ def test_expert_decode_gemv_is_bound_as_the_dense_gemv(expert_rows, ptx_rows):
     for name, r in expert_rows.items():
         assert r["spills"] == 0, r
         assert r["bandwidth_bound"] >= dense[name]["bandwidth_bound"] - 0.05, (name, r, dense[name])
+
+
+# --- Shared memory of every tile the dispatcher launches, against its device's limit -----
+
+SHARED_SCRIPT = """
+import json, sys
+from concurrent.futures import ProcessPoolExecutor
+
+def run(task):
+    from gguf_repack_kernels import aot, configs
+    family, name, arch, act, how = task
+    if how == "full":  # a whole compile, for its metadata.shared
+        compiled, cfg, _ = aot.compile_family(family, name, arch, act)
+        return compiled.metadata.shared, cfg
+    fit = configs.fit_shared_memory
+    if how == "present":  # the tile before tiles looked at the device: fitted to nothing
+        configs.fit_shared_memory = lambda type_name, block_size, cfg, device, dtype: cfg
+    try:
+        return aot.family_shared_memory(family, name, arch, act)
+    finally:
+        configs.fit_shared_memory = fit
+
+tasks = json.load(sys.stdin)
+with ProcessPoolExecutor(2) as pool:
+    print(json.dumps(list(pool.map(run, [tuple(t) for t in tasks]))))
+"""
+
+
+def lowering(arch: int, act: str) -> str:
+    """How the dot of a tile is lowered, which is what its shared memory depends on besides
+    the tile (measured: test_every_launched_tile_fits_its_devices_shared_memory)."""
+    if act == "fp32":
+        return "fma"  # IEEE float32: FMAs at every capability
+    return {90: "wgmma", 120: "sm120"}.get(arch, "mma")  # sm_80, 86, 89: mma.sync alike
+
+
+@pytest.mark.slow
+def test_every_launched_tile_fits_its_devices_shared_memory():
+    """Every tensor-core tile the dispatcher can launch (the dense GEMM's at BM = 16, 32, 64,
+    the expert GEMM's alike), for every type, on every target (sm_80, 86, 89, 90, 120: each
+    one's configs.KNOWN_DEVICES record) and activation dtype (fp16, bf16, fp32): the shared
+    memory Triton allocates for it (aot.shared_memory_of: Triton's own passes up to its
+    allocation, the bytes a launch checks against the device's limit; held equal to whole
+    compiles here) is within that device's limit, and within configs' estimate, which chose
+    the tile. The other families (GEMV, dequantize, embedding) have no tl.dot and a few KB
+    at most (BENCHMARKS.md, "Shared memory").
+
+    2,070 tiles are compiled as 500-odd: what the shared memory depends on is the type, the
+    tile (BM, BN, stages) and how the dot is lowered, float32 on FMAs alike at every
+    capability, 16-bit x by wgmma at sm_90, mma.sync at sm_80, 86, 89 alike, and sm_120's
+    own; not SPLIT_K (measured: the same bytes at 1 and 2), nor the kernel, dense or expert
+    (the same loop: checked here on samples, as the lowerings' equalities are). 2-7 minutes
+    on the shared two cores (by their load), against hours for whole compiles. It fails on
+    the tile that float32 Q4_K got at BM = 64 before tiles looked at the device: 102,912
+    bytes at sm_86."""
+    from gguf_repack_kernels import aot, configs
+
+    launched, tasks = {}, {}
+    for arch in sorted(configs.KNOWN_DEVICES):
+        dev = configs.KNOWN_DEVICES[arch]
+        for act in ("fp16", "bf16", "fp32"):
+            for name, fmt in kernels.FORMATS.items():
+                for family in aot.DOT_FAMILIES:
+                    m = aot.GEMM_M[family]
+                    if family.startswith("moe"):
+                        cfg = configs.moe_config(name, fmt.block_size, m, dev, act)
+                    else:
+                        cfg = configs.gemm_config(name, fmt.block_size, m, 4096, 4096 // fmt.block_size,
+                                                  dev, act)
+                    key = (lowering(arch, act), "" if act == "fp32" else act, name, cfg["BM"], cfg["BN"],
+                           cfg["num_stages"])
+                    tasks.setdefault(key, ("gemm" if cfg["BM"] == 64 else f"gemm_m{cfg['BM']}",
+                                           name, arch, act, ""))
+                    launched[(arch, act, name, family)] = key
+    keys = list(tasks)
+    # the equalities the grouping stands on, on samples, and the tile of before
+    samples = [(f, n, a, act, "") for n in ("Q4_0", "Q4_K", "IQ2_XXS") for a in (80, 86, 89, 90, 120)
+               for act, f in (("fp32", "gemm"), ("bf16", "gemm"), ("fp32", "moe_m64"),
+                              ("fp16", "moe_m16"))]
+    samples += [("gemm", "Q4_0", 86, "fp32", "full"), ("gemm", "NVFP4", 90, "bf16", "full"),
+                ("gemm", "Q4_0", 86, "fp32", "present"), ("gemm", "NVFP4", 90, "bf16", "present"),
+                ("gemm", "Q4_K", 86, "fp32", "present")]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", SHARED_SCRIPT], input=json.dumps(
+        [tasks[k] for k in keys] + samples), check=True, env=env, capture_output=True, text=True,
+        timeout=1800)
+    results = json.loads(proc.stdout)
+    shared = {k: bytes_ for k, (bytes_, _) in zip(keys, results)}
+    over = []
+    for (arch, act, name, family), key in launched.items():
+        fmt = kernels.FORMATS[name]
+        estimate = configs.shared_memory_estimate(name, fmt.block_size, *key[3:], arch, act)
+        assert shared[key] <= estimate, (arch, act, name, family, key, shared[key], estimate)
+        if shared[key] > configs.KNOWN_DEVICES[arch].shared_memory:
+            over.append((arch, act, name, family, shared[key]))
+    assert over == []
+    sample = {s: r for s, r in zip(samples, results[len(keys):])}
+    for n in ("Q4_0", "Q4_K", "IQ2_XXS"):
+        by = {(a, act, f): tuple(map(json.dumps, sample[(f, n, a, act, "")])) for a, act, f in
+              {(s[2], s[3], s[0]) for s in samples if s[1] == n and not s[4]}}
+        fp32 = {by[(a, "fp32", "gemm")] for a in (80, 86, 89, 90, 120)}
+        assert len(fp32) == len({r[1] for r in fp32}), (n, fp32)  # one count a tile at every arch
+        assert len({by[(a, "bf16", "gemm")] for a in (80, 86, 89)}) == 1, n  # mma.sync alike
+        # dense and expert kernels alike: the expert tile at every arch, its count the dense one's
+        for a in (80, 86, 89, 90, 120):
+            expert, dense = sample[("moe_m64", n, a, "fp32", "")], sample[("gemm", n, a, "fp32", "")]
+            assert expert[0] == dense[0] and expert[1] == {k: v for k, v in dense[1].items()
+                                                           if k != "SPLIT_K"}, (n, a)
+    # the allocation alone counts what a whole compile does
+    for full, present in ((("gemm", "Q4_0", 86, "fp32", "full"), ("gemm", "Q4_0", 86, "fp32", "present")),
+                          (("gemm", "NVFP4", 90, "bf16", "full"), ("gemm", "NVFP4", 90, "bf16", "present"))):
+        assert sample[full] == sample[present], (full, sample[full], sample[present])
+    # the check fails where it should: float32 Q4_K's BM = 64 tile of before, on sm_86
+    before = sample[("gemm", "Q4_K", 86, "fp32", "present")]
+    assert before[1]["num_stages"] == 2 and before[1]["BN"] == 32
+    assert before[0] == 102_912 > configs.KNOWN_DEVICES[86].shared_memory

@@ -1,0 +1,129 @@
+"""The tiles chosen for a device and an activation dtype (kernels/configs.py), without
+compiling anything: every tile the dispatcher would launch fits its device's shared memory by
+configs' estimate (tests/test_kernels_ptx.py holds the estimate to real compiles), the
+present tiles are kept wherever they fit, and tuned tiles apply to their own device and dtype
+only."""
+
+import json
+from types import SimpleNamespace
+
+import gguf_repack_kernels as kernels
+import pytest
+import torch
+from gguf_repack_kernels import configs
+
+KERNEL_TYPES = sorted(kernels.FORMATS)
+ACTS = ["fp16", "bf16", "fp32"]
+N, K = 4096, 4096
+# a GPU of 99 KB a block, as an RTX 3090 / 4090 / 5090 or an L40S
+SMALL = configs.Device(86, 101_376, 82)
+
+
+def default_tile(name, bm):
+    """The tile before any device was looked at (what sm_90 fp16 must still get)."""
+    block = kernels.FORMATS[name].block_size
+    bn = configs.GEMM_M16_BN.get(name, 64 if block >= 256 else 128) if bm == 16 else 32
+    return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}
+
+
+def launched(name, device, act):
+    """Every tensor-core tile the dispatcher can launch for this type: the dense GEMM at
+    M = 16, 32 and 64 and the expert GEMM at 16, 32 and 64 rows an expert."""
+    block = kernels.FORMATS[name].block_size
+    for m in (16, 32, 64):
+        cfg = configs.gemm_config(name, block, m, N, K // block, device, act)
+        yield "gemm", m, {k: v for k, v in cfg.items() if k != "SPLIT_K"}
+        yield "moe", m, configs.moe_config(name, block, m, device, act)
+
+
+@pytest.mark.parametrize("arch", sorted(configs.KNOWN_DEVICES))
+@pytest.mark.parametrize("act", ACTS)
+def test_every_launched_tile_fits_its_device_by_the_estimate(arch, act):
+    device = configs.KNOWN_DEVICES[arch]
+    for name in KERNEL_TYPES:
+        block = kernels.FORMATS[name].block_size
+        for kind, m, cfg in launched(name, device, act):
+            need = configs.shared_memory_estimate(name, block, cfg["BM"], cfg["BN"], cfg["num_stages"],
+                                                  arch, act)
+            assert need <= device.shared_memory, (name, kind, m, cfg, need)
+            default = default_tile(name, cfg["BM"])
+            fits = configs.shared_memory_estimate(name, block, cfg["BM"], default["BN"], 2, arch,
+                                                  act) <= device.shared_memory
+            assert (cfg == default) == fits, (name, kind, m, cfg)
+
+
+def test_fp16_at_sm90_keeps_every_present_tile():
+    for name in KERNEL_TYPES:
+        for act in ("fp16", "bf16"):
+            for _, m, cfg in launched(name, configs.KNOWN_DEVICES[90], act):
+                assert cfg == default_tile(name, m), (name, act, m, cfg)
+
+
+def test_a_99_kb_gpu_gets_another_tile_for_float32_q4_k_than_an_h200_for_float16():
+    """Float32 x's BM = 64 tile of Q4_K asks 102,912 bytes of shared memory (a compile's
+    count; the estimate is the same): more than the 101,376 of sm_86/89/120."""
+    h200 = configs.gemm_config("Q4_K", 256, 64, N, 16, configs.KNOWN_DEVICES[90], torch.float16)
+    small = configs.gemm_config("Q4_K", 256, 64, N, 16, SMALL, torch.float32)
+    assert {k: v for k, v in h200.items() if k != "SPLIT_K"} == default_tile("Q4_K", 64)
+    assert small != h200 and small["BM"] == 64
+    assert configs.shared_memory_estimate("Q4_K", 256, 64, 32, 2, 86, "fp32") == 102_912
+    assert configs.shared_memory_estimate("Q4_K", 256, 64, small["BN"], small["num_stages"], 86,
+                                          "fp32") <= SMALL.shared_memory
+    assert configs.moe_config("Q4_K", 256, 64, SMALL, torch.float32) == {
+        k: v for k, v in small.items() if k != "SPLIT_K"}
+    # the interpreter has no limit: the present tile
+    assert configs.gemm_config("Q4_K", 256, 64, N, 16, configs.INTERPRETER, torch.float32)["BN"] == 32
+
+
+def test_dtypes_by_name():
+    assert [configs.act_name(d) for d in (torch.float16, torch.bfloat16, torch.float32, "bf16")] == \
+        ["fp16", "bf16", "fp32", "bf16"]
+    with pytest.raises(ValueError):
+        configs.act_name(torch.int8)
+
+
+def test_device_records(monkeypatch):
+    """A CPU tensor gets the interpreter's record; a GPU's is read from torch once, the opt-in
+    shared memory where torch has it, else the known value of its capability."""
+    assert configs.device_of(torch.device("cpu")) == configs.INTERPRETER
+    calls = []
+
+    def props(index, optin=True):
+        calls.append(index)
+        p = SimpleNamespace(major=8, minor=9, multi_processor_count=142, shared_memory_per_block=49152)
+        if optin:
+            p.shared_memory_per_block_optin = 101_376
+        return p
+
+    configs._cuda_device.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert configs.device_of(torch.device("cuda")) == configs.Device(89, 101_376, 142)
+    assert configs.device_of(torch.device("cuda:0")).name == "sm89"
+    assert calls == [0]
+    configs._cuda_device.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props(index, optin=False))
+    assert configs.device_of(torch.device("cuda:1")).shared_memory == 101_376  # sm_89's known
+    configs._cuda_device.cache_clear()
+
+
+def test_tuned_tiles_apply_to_their_device_and_dtype_only(tmp_path, monkeypatch):
+    tuned = tmp_path / "tuned_configs.json"
+    big = {"BN": 128, "num_warps": 4, "num_stages": 3}  # 229,888 B at fp32: fits no 99 KB GPU
+    small = {"BN": 64, "num_warps": 8, "num_stages": 2}
+    tuned.write_text(json.dumps({"tiles": {
+        "sm86/fp32": {"gemm_bm64": {"Q4_K": big, "Q4_0": small}},
+        "sm90/fp16": {"gemm_bm64": {"Q4_K": small}}}}))
+    monkeypatch.setattr(configs, "TUNED_CONFIGS", tuned)
+    h100, sm86 = configs.KNOWN_DEVICES[90], configs.KNOWN_DEVICES[86]
+    assert configs.tuned(sm86, torch.float32)["gemm_bm64"]["Q4_0"] == small
+    assert configs.tuned(sm86, torch.float16) == {}
+    assert configs.gemm_config("Q4_0", 32, 64, N, 128, sm86, torch.float32)["num_warps"] == 8
+    assert configs.gemm_config("Q4_0", 32, 64, N, 128, sm86, torch.float16)["num_warps"] == 4
+    assert configs.gemm_config("Q4_K", 256, 64, N, 16, h100, "fp16")["BN"] == 64
+    assert configs.gemm_config("Q4_K", 256, 64, N, 16, h100, "bf16")["BN"] == 32
+    # a tuned tile that does not fit this GPU is not used: the default, fitted
+    cfg = configs.gemm_config("Q4_K", 256, 64, N, 16, sm86, torch.float32)
+    assert cfg == configs.gemm_config("Q4_K", 256, 64, N, 16, SMALL, torch.float32)
+    # a tile given as such is launched as given (the tuner's candidates)
+    assert configs.gemm_config("Q4_K", 256, 64, N, 16, sm86, torch.float32, tile=big)["BN"] == 128
