@@ -1,5 +1,6 @@
-"""GGUF_REPACK_BACKEND: what "auto" means for every QTensor operation (gguf_repack.runtime.backends),
-and the clear errors where the triton backend cannot run."""
+"""The engines' GPU path on a machine without a GPU: GGUF_REPACK_BACKEND (what "auto" means for every
+QTensor operation, gguf_repack.runtime.backends) and its errors; load_model's default dtype
+(float32 on CPU, 16-bit on CUDA), on a tiny dense llama."""
 
 from __future__ import annotations
 
@@ -7,11 +8,49 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as T
+from hf_models import bpe_tokenizer_kvs, write_model, write_moe
 
-from gguf_repack import RepackError
+from gguf_repack import RepackError, convert
 from gguf_repack.runtime import backends
+
+# (head_dim 32: the smallest vLLM's CPU attention takes)
+DENSE_SHAPE = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, ffn=256, tied=False)
+DENSE_TYPES = {"attn_q": T.Q4_0, "attn_k": T.Q5_1, "attn_v": T.Q8_0, "attn_output": T.Q4_1,
+               "ffn_gate": T.Q5_0, "ffn_up": T.Q4_0, "ffn_down": T.Q4_K}
+# layer 0: gate and up of one type (joined, one product), layer 1 three types
+MOE_TYPES = [(T.Q4_0, T.Q4_0, T.Q4_K), (T.Q5_0, T.Q8_0, T.Q6_K)]
+# Each of the kernels' paths by M (gguf_repack_kernels.dispatch): the prefill of 18 tokens takes
+# the fused GEMMs (M > 8; 36 routed pairs, 9 or more an expert: the MoE tile kernel), decode
+# the GEMVs (and a GEMV a routed pair); vLLM's warm-up, thousands of tokens, the weights
+# dequantized then torch.matmul. The GEMVs are the interpreter's slow part (seconds a step)
+PROMPT_IDS = [list(range(3, 21))]
+NEW_TOKENS = 3
+VLLM_PROMPTS = ["the cat sat on the mat", "once upon a time"]  # 13 and 12 tokens here
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """kind ("dense" or "moe") -> output directory."""
+    made = {}
+
+    def make(kind: str):
+        if kind not in made:
+            root = tmp_path_factory.mktemp(kind)
+            rng = np.random.default_rng(11)
+            if kind == "dense":
+                src = write_model(root / "m.gguf", "llama", bpe_tokenizer_kvs(), rng,
+                                  shape=DENSE_SHAPE, types=DENSE_TYPES)
+            else:
+                src = write_moe(root / "m.gguf", "qwen3moe", bpe_tokenizer_kvs(), rng, expert_ffn=256,
+                                expert_types=MOE_TYPES, hidden=64, head_dim=32)
+            convert(src, root / "out")
+            made[kind] = root / "out"
+        return made[kind]
+    return make
 
 
 def test_the_variable_decides_what_auto_means(monkeypatch):
@@ -60,3 +99,30 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error():
                GGUF_REPACK_BACKEND="triton")
     assert "the Triton kernels were imported before TRITON_INTERPRET=1 was set" in out, out
     assert _run(ERROR_CODE.format(before=""), GGUF_REPACK_BACKEND="triton", TRITON_INTERPRET="1") == "RAN\n"
+
+
+def test_the_default_dtype_is_float32_on_cpu_and_16_bit_on_cuda():
+    from transformers import PretrainedConfig
+
+    from gguf_repack.hf import default_dtype
+
+    as_written = PretrainedConfig(dtype="float32")  # what convert writes
+    assert default_dtype("cpu", as_written) is torch.float32
+    assert default_dtype(torch.device("cpu"), PretrainedConfig(dtype="bfloat16")) is torch.float32
+    assert default_dtype("cuda", as_written) is torch.bfloat16
+    assert default_dtype("cuda:1", None) is torch.bfloat16
+    assert default_dtype("cuda", PretrainedConfig(dtype="float16")) is torch.float16  # the model's own
+    assert default_dtype("cuda", PretrainedConfig(dtype=torch.bfloat16)) is torch.bfloat16
+
+
+def test_a_cpu_load_stays_float32_and_an_explicit_dtype_is_kept(tiny):
+    from gguf_repack.hf import QuantLinear, load_model
+
+    out = tiny("dense")
+    ids = torch.tensor(PROMPT_IDS)
+    for dtype, model in ((torch.float32, load_model(out)),
+                         (torch.bfloat16, load_model(out, dtype=torch.bfloat16))):
+        assert model.dtype == dtype
+        assert {m.dtype for m in model.modules() if isinstance(m, QuantLinear)} == {dtype}
+        with torch.no_grad():
+            assert model(ids).logits.dtype == dtype
