@@ -1,18 +1,29 @@
-"""The engines' GPU path on a machine without a GPU: GGUF_REPACK_BACKEND (what "auto" means for every
-QTensor operation, gguf_repack.runtime.backends) and its errors; load_model's default dtype
-(float32 on CPU, 16-bit on CUDA), on a tiny dense llama."""
+"""The engines' GPU path, run on CPU: GGUF_REPACK_BACKEND=triton makes every QTensor operation
+that asks for "auto" take what CUDA takes (the Triton kernels, here under Triton's
+interpreter, which conftest selects), through transformers' QuantLinear, QuantEmbedding and
+QuantExperts and through vLLM's custom ops and the plugin's fused-MoE method, compiled as
+vLLM compiles. A dense llama and a Qwen3-MoE (4 experts, 2 a token), as small as the types
+allow (the interpreter's GEMVs take about 10 us a weight a token): legacy types at K = 64, Q4_K
+and Q6_K where K is 256; against the torch backend on the same directory. Also load_model's
+default dtype (float32 on CPU, 16-bit on CUDA)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from hf_models import bpe_tokenizer_kvs, write_model, write_moe
+from test_vllm import (
+    run_vllm_many,
+    transformers_tokens,
+    vllm_python,  # noqa: F401 - the fixture
+)
 
 from gguf_repack import RepackError, convert
 from gguf_repack.runtime import backends
@@ -25,8 +36,9 @@ DENSE_TYPES = {"attn_q": T.Q4_0, "attn_k": T.Q5_1, "attn_v": T.Q8_0, "attn_outpu
 MOE_TYPES = [(T.Q4_0, T.Q4_0, T.Q4_K), (T.Q5_0, T.Q8_0, T.Q6_K)]
 # Each of the kernels' paths by M (gguf_repack_kernels.dispatch): the prefill of 18 tokens takes
 # the fused GEMMs (M > 8; 36 routed pairs, 9 or more an expert: the MoE tile kernel), decode
-# the GEMVs (and a GEMV a routed pair); vLLM's warm-up, thousands of tokens, the weights
-# dequantized then torch.matmul. The GEMVs are the interpreter's slow part (seconds a step)
+# the GEMVs (and a GEMV a routed pair); vLLM's compile warm-up (its profile run, 4096 tokens
+# here, checked only for running) the weights dequantized then torch.matmul, chosen experts too.
+# The GEMVs are the interpreter's slow part (seconds a step)
 PROMPT_IDS = [list(range(3, 21))]
 NEW_TOKENS = 3
 VLLM_PROMPTS = ["the cat sat on the mat", "once upon a time"]  # 13 and 12 tokens here
@@ -51,6 +63,78 @@ def tiny(tmp_path_factory):
             made[kind] = root / "out"
         return made[kind]
     return make
+
+
+def count_calls(monkeypatch) -> Counter:
+    """Counts (backend, operation) of every QTensor backend call from now on."""
+    calls = Counter()
+    for backend in (backends.TorchBackend, backends.TritonBackend):
+        for op in ("dequantize", "matmul", "expert_matmul", "embedding"):
+            def counted(*args, _op=getattr(backend, op), _key=(backend.name, op)):
+                calls[_key] += 1
+                return _op(*args)
+            monkeypatch.setattr(backend, op, staticmethod(counted))
+    return calls
+
+
+def greedy(model, ids: torch.Tensor):
+    """NEW_TOKENS greedy tokens and the logits each came from (prefill's last position, then
+    each decode step's)."""
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True)
+    return out.sequences[0, ids.shape[1]:].tolist(), torch.stack(out.logits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_transformers_on_the_triton_backend_gives_the_torch_backends_tokens(kind, tiny, monkeypatch):
+    from gguf_repack.hf import QuantExperts, load_model
+
+    out = tiny(kind)
+    ids = torch.tensor(PROMPT_IDS)
+    results = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv(backends.ENV, backend)
+        model = load_model(out)  # backend="auto": what the variable says
+        assert (kind == "moe") == any(isinstance(m, QuantExperts) for m in model.modules())
+        calls = count_calls(monkeypatch)
+        results[backend] = *greedy(model, ids), dict(calls)
+        monkeypatch.undo()  # the counters off again
+    tokens, logits, calls = results["triton"]
+    ops = {"matmul", "embedding"} | ({"expert_matmul"} if kind == "moe" else set())
+    assert {op for b, op in calls if b == "triton"} == ops, calls
+    # no call of the torch backend: every type here has kernels
+    assert not any(b == "torch" for b, _ in calls), calls
+    assert not any(b == "triton" for b, _ in results["torch"][2]), results["torch"][2]
+    assert tokens == results["torch"][0]
+    torch.testing.assert_close(logits, results["torch"][1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_vllm_compiled_on_the_triton_backend_gives_the_torch_backends_tokens(tiny, vllm_python):  # noqa: F811
+    """Both models in one vLLM start, compiled (vLLM's CPU build: its VLLM_COMPILE mode made
+    DYNAMO_TRACE_ONCE with inductor, no CUDA graphs on CPU), the products inside the plugin's
+    custom ops on the Triton kernels; the tokens of transformers on the torch backend."""
+    from transformers import AutoTokenizer
+
+    from gguf_repack.hf import load_model
+
+    outs = {kind: tiny(kind) for kind in ("dense", "moe")}
+    results = run_vllm_many(vllm_python, list(outs.values()), prompts=VLLM_PROMPTS,
+                            max_tokens=NEW_TOKENS, eager=False, extra=["--backend-calls"],
+                            env={backends.ENV: "triton", "TRITON_INTERPRET": "1"})
+    for kind, out in outs.items():
+        result = results[str(out)]
+        model = load_model(out, backend="torch")
+        prompt_ids, tokens = transformers_tokens(model, AutoTokenizer.from_pretrained(out),
+                                                 VLLM_PROMPTS, steps=NEW_TOKENS)
+        assert result["prompt_token_ids"] == prompt_ids, kind
+        assert result["token_ids"] == tokens, kind
+        calls = result["backend_calls"]
+        assert set(calls) == {"triton"}, (kind, calls)
+        ops = {"matmul", "embedding"} | ({"expert_matmul"} if kind == "moe" else set())
+        assert set(calls["triton"]) == ops, (kind, calls)
 
 
 def test_the_variable_decides_what_auto_means(monkeypatch):
