@@ -88,8 +88,9 @@ def greedy(model, ids: torch.Tensor):
 
 # float16 as well: the kernels' 16-bit paths (the GEMMs' products in float16, float32 sums),
 # within its rounding of the torch backend's float32 products. Not bfloat16: Triton's
-# interpreter (3.9) computes tl.dot on bfloat16 tiles wrong (1e9 times off, in a 16x16 kernel
-# of its own too), so the GEMMs' bfloat16 path can only be checked on a GPU
+# interpreter (3.9) multiplies bfloat16 tiles' bit patterns in tl.dot (1e9 times off, in a
+# 16x16 kernel of its own too; triton-lang/triton#11584, "not supported yet"), so the GEMMs'
+# bfloat16 path can only be checked on a GPU
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.float16, 0.05)],
                          ids=["float32", "float16"])
