@@ -9,5 +9,6 @@ from .integrations.hf import (  # noqa: F401
     QuantExperts,
     QuantLinear,
     __all__,
+    default_dtype,
     load_model,
 )

@@ -302,7 +302,8 @@ def check_model(device: torch.device, work: Path, smoke: bool) -> dict:
                       np.random.default_rng(5), context_length=4096)
     out = work / "small-llama"
     convert(src, out)
-    ours = load_model(out, device, backend="triton")  # (on CPU, --smoke, the interpreter)
+    # float32 on the GPU too (load_model's default there is bfloat16): token for token with the CPU
+    ours = load_model(out, device, dtype=torch.float32, backend="triton")  # (--smoke: the interpreter)
     cpu = load_model(out, "cpu", backend="torch")
     ids = torch.tensor([[1, 260, 262, 265, 270, 280, 290, 299]])  # <s> and some words
     if smoke:

@@ -30,6 +30,7 @@ SLOW_FIXTURES = {"real_models", "smollm2", "gemma", "converted", "transformers_r
 # Run first: the modules that take longest (minutes each), so that `pytest -n 2 --dist
 # loadfile` (CI) does not start one of them when the other worker is nearly done.
 LONGEST_FIRST = ["test_llama_cpp_files.py", "test_vllm.py", "test_vllm_moe.py", "test_architectures.py",
+                 "test_gpu_path.py",
                  "test_kernels.py", "test_hf.py", "test_bench_scripts.py", "test_kernels_ptx.py",
                  "test_moe.py", "test_loader.py", "test_hardening.py"]
 

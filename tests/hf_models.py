@@ -118,12 +118,14 @@ def k_quant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
 
 def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
                 general_name: str | None = None, context_length: int = 512,
-                extra: dict[str, np.ndarray] | None = None) -> Path:
+                extra: dict[str, np.ndarray] | None = None, shape: dict | None = None,
+                types: dict | None = None) -> Path:
     """A 2-layer `name` model (a key of SHAPES) at `path`, and the float tensors
     `extra`. llama.cpp writes Mistral as the llama architecture; transformers reads it as
     mistral only when `general.name` is exactly "mistral" (the default here), and as llama
-    otherwise."""
-    s = SHAPES[name]
+    otherwise. `shape` replaces SHAPES[name], `types` the projections' types (PROJECTION_TYPES
+    and K_QUANT_TYPES; K-quants written as random valid blocks)."""
+    s = shape or SHAPES[name]
     arch = "llama" if name in ("mistral", "llama") else name
     h, hd = s["hidden"], s["head_dim"]
     vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))
@@ -159,11 +161,12 @@ def write_model(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Ge
     for i in range(N_LAYERS):
         plain(f"blk.{i}.attn_norm.weight", h)
         plain(f"blk.{i}.ffn_norm.weight", h)
-        for proj, qtype in PROJECTION_TYPES.items():
+        for proj, qtype in (types or PROJECTION_TYPES).items():
             if proj not in rows:
                 continue
-            if name == "llama" and proj in K_QUANT_TYPES:
-                kq = K_QUANT_TYPES[proj]
+            if (name == "llama" and not types and proj in K_QUANT_TYPES) or \
+                    (types and gguf.GGML_QUANT_SIZES[qtype][0] == 256):  # a K-quant: random blocks
+                kq = qtype if types else K_QUANT_TYPES[proj]
                 w.add_tensor(f"blk.{i}.{proj}.weight", k_quant_bytes(kq, rows[proj], cols.get(proj, h), rng),
                              raw_dtype=kq)
                 continue
@@ -210,16 +213,17 @@ QUANTIZABLE = {T.Q8_0, T.MXFP4, T.Q4_0, T.Q5_0}  # by gguf-py; the others are ra
 
 def write_moe(path: Path, name: str, tokenizer: list[tuple], rng: np.random.Generator,
               expert_ffn: int | None = None, expert_types=MOE_EXPERT_TYPES, layers: int = N_LAYERS,
-              experts: int | None = None) -> Path:
+              experts: int | None = None, hidden: int = 256, head_dim: int = 64) -> Path:
     """A 2-layer MoE model (a key of MOE) at `path`; `expert_ffn` overrides the expert width,
     `expert_types` the types (as MOE_EXPERT_TYPES, by layer, the last repeated), `layers` and
-    `experts` the counts (scripts/bench_moe.py writes a larger one)."""
+    `experts` the counts (scripts/bench_moe.py writes a larger one), `hidden` and `head_dim`
+    the widths (4 heads, 2 KV heads; gpt-oss 8 heads)."""
     m = {**MOE[name], **({"expert_ffn": expert_ffn} if expert_ffn else {}),
          **({"experts": experts} if experts else {})}
     arch = "llama" if name == "mixtral" else name
     if name == "gpt-oss" and expert_types is MOE_EXPERT_TYPES:
         expert_types = GPT_OSS_EXPERT_TYPES
-    h, heads, kv_heads, head_dim = 256, 4, 2, 64
+    h, heads, kv_heads = hidden, 4, 2
     if name == "gpt-oss":  # its attention is wider than its hidden size (64 heads of 64 in 2880)
         heads = 8
     vocab = len(next(v for k, v, *_ in tokenizer if k == "tokenizer.ggml.tokens"))

@@ -56,13 +56,17 @@ def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, pp: int = 1
 
 
 def run_vllm_many(python: str, models: list[Path], prompts=PROMPTS, tp: int = 1,
-                  max_tokens: int = 16, held_bytes: bool = False) -> dict[str, dict]:
+                  max_tokens: int = 16, held_bytes: bool = False, eager: bool = True,
+                  env: dict | None = None, extra=()) -> dict[str, dict]:
     """run_vllm for several directories, one after another in one vLLM process (one start of
-    vLLM for them all): {directory: result}."""
+    vLLM for them all): {directory: result}. `env`: variables added to the environment;
+    `extra`: more vllm_run.py options."""
     proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), ",".join(map(str, models)),
-                           *prompts, "--tp", str(tp), "--eager", *(["--held-bytes"] if held_bytes else []),
+                           *prompts, "--tp", str(tp), *(["--eager"] if eager else []),
+                           *(["--held-bytes"] if held_bytes else []), *extra,
                            "--max-tokens", str(max_tokens)],
-                          capture_output=True, text=True, timeout=1800, cwd=models[0].parent)
+                          capture_output=True, text=True, timeout=1800, cwd=models[0].parent,
+                          env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = [json.loads(line.removeprefix("RESULT ")) for line in proc.stdout.splitlines()
                if line.startswith("RESULT ")]

@@ -3,12 +3,14 @@ vLLM environment's Python: prints one line `RESULT {"model": ..., "prompt_token_
 "token_ids": [...]}` per model (several, comma-separated, run one after another).
 
     python tests/vllm_run.py MODEL_DIR[,MODEL_DIR...] [--tp 1] [--pp 1] [--dtype float32]
-        [--max-tokens 16] [--eager] [--held-bytes] PROMPT...
+        [--max-tokens 16] [--eager] [--held-bytes] [--backend-calls] PROMPT...
 
 With --held-bytes the result also has, per worker, what the loaded model holds: the bytes of
 its parameters and buffers, each storage counted once, by kind ("planes": rp1 planes,
 "weights": other parameters, "buffers": rotary caches and the like), and the largest buffers
-by name.
+by name. With --backend-calls (TP 1 only: the model runs in this process) it has the calls
+each QTensor backend took, by backend and operation, with the GGUF types:
+{"triton": {"matmul": {"Q4_0": 12, ...}, ...}, "torch": {...}}.
 """
 
 import argparse
@@ -26,6 +28,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--eager", action="store_true", help="skip torch.compile (faster start-up)")
     ap.add_argument("--held-bytes", action="store_true", help="report what the model holds")
+    ap.add_argument("--backend-calls", action="store_true", help="report the backends' calls")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.held_bytes:  # apply_model sends a function to the workers
@@ -42,14 +45,20 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.distributed import cleanup_dist_env_and_memory
 
+    calls = count_backend_calls() if args.backend_calls else None
     # several models, one after another in this process (one import of vLLM for all of them)
     for model in args.model.split(","):
         llm = LLM(model=model, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
                   dtype=args.dtype, max_model_len=256, seed=0, enforce_eager=args.eager,
                   distributed_executor_backend="uni" if ranks == 1 else None)
+        if calls is not None:
+            calls.clear()  # the generation's calls, not those of vLLM's start (warm-up, compile)
         outputs = llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0))
         result = {"model": model, "prompt_token_ids": [list(o.prompt_token_ids) for o in outputs],
                   "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
+        if calls is not None:
+            result["backend_calls"] = {b: {op: dict(types) for op, types in ops.items()}
+                                       for b, ops in calls.items()}
         if args.held_bytes:
             from gguf_repack.integrations.vllm.memory import held_bytes
 
@@ -59,6 +68,23 @@ def main() -> None:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
+
+
+def count_backend_calls() -> dict:
+    """Count every call of the QTensor backends' operations in this process from now on:
+    {backend: {operation: {GGUF type: calls}}}."""
+    from collections import defaultdict
+
+    from gguf_repack.runtime import backends
+
+    calls = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    for backend in (backends.TorchBackend, backends.TritonBackend):
+        for op in ("dequantize", "matmul", "expert_matmul", "embedding"):
+            def counted(qt, *args, _op=getattr(backend, op), _name=backend.name, _o=op):
+                calls[_name][_o][qt.qtype.name] += 1
+                return _op(qt, *args)
+            setattr(backend, op, staticmethod(counted))
+    return calls
 
 
 if __name__ == "__main__":  # vLLM starts worker processes that import this module again

@@ -1,10 +1,21 @@
 """Backends compute with QTensors: "torch" (pure PyTorch over the planes, any device, the
 reference) and, with the kernels, "triton". "auto" picks triton on CUDA, torch elsewhere.
+
+The environment variable GGUF_REPACK_BACKEND (auto, torch or triton; unset is auto) decides
+what "auto" means, wherever it is asked for: the engines' layers (transformers' QuantLinear,
+QuantEmbedding and QuantExperts, loaded with backend="auto"; vLLM's custom ops, whose worker
+processes inherit the environment) and QTensor's own default. "torch" keeps the torch backend
+on CUDA too; "triton" takes the path a GPU takes on any device: the Triton kernels for the
+types that have them, the torch backend for the others. On CPU tensors that is Triton's
+interpreter, which TRITON_INTERPRET=1 must select before the kernels are imported (a
+RepackError says so otherwise): the GPU's code, end to end, on a machine without one. An
+explicit backend="torch" or "triton" is not affected.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -18,6 +29,7 @@ from .dequant import dequantize_planes
 CHUNK_BYTES = 64 << 20
 
 NAMES = ("auto", "torch", "triton")
+ENV = "GGUF_REPACK_BACKEND"  # what "auto" means (module docstring)
 
 
 class TorchBackend:
@@ -113,20 +125,63 @@ def _triton_usable(device: torch.device) -> str | None:
     if device.type == "cuda":
         return None
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        if _kernels_interpreted() is False:
+            return ("the Triton kernels were imported before TRITON_INTERPRET=1 was set, so they "
+                    "are compiled for a GPU, not interpreted; set it before anything imports "
+                    "triton or gguf_repack_kernels")
         return None
     return (f"the Triton kernels run on CUDA tensors, or on CPU ones under Triton's interpreter "
             f"(TRITON_INTERPRET=1 before triton is imported); this tensor is on {device}")
 
 
+_interpreted: bool | None = None
+
+
+def _kernels_interpreted() -> bool | None:
+    """Whether the kernels were made for Triton's interpreter (Triton decides it when a kernel
+    is defined, from TRITON_INTERPRET then); None while they are not imported yet."""
+    global _interpreted
+    if _interpreted is None:
+        modules = [m for name, m in list(sys.modules.items())
+                   if name.startswith("gguf_repack_kernels.") and m is not None]
+        if not modules:
+            return None
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        kernels = [v for m in modules for v in vars(m).values()
+                   if isinstance(v, (InterpretedFunction, JITFunction))]
+        if not kernels:
+            return None
+        _interpreted = isinstance(kernels[0], InterpretedFunction)
+    return _interpreted
+
+
+def chosen() -> str:
+    """What "auto" means in this process: $GGUF_REPACK_BACKEND, auto when unset."""
+    name = os.environ.get(ENV, "").strip().lower() or "auto"
+    if name not in NAMES:
+        raise RepackError(f"{ENV}={os.environ[ENV]!r}: choose one of {', '.join(NAMES)}")
+    return name
+
+
 def get(name: str, device: torch.device, type_name: str | None = None):
     """The backend for `name` ("auto", "torch" or "triton") on `device`: auto is triton on
-    CUDA (for the types it has kernels for), torch elsewhere."""
+    CUDA (for the types it has kernels for), torch elsewhere, unless GGUF_REPACK_BACKEND says
+    otherwise (module docstring)."""
     if name not in NAMES:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(NAMES)}")
     if name == "torch":
         return TorchBackend
     if name == "auto":
-        if device.type != "cuda" or _triton_usable(device) is not None:
+        forced = chosen()
+        if forced == "torch":
+            return TorchBackend
+        if forced == "triton":
+            why = _triton_usable(device)
+            if why is not None:
+                raise RepackError(f"{ENV}=triton: the triton backend is not usable here: {why}")
+        elif device.type != "cuda" or _triton_usable(device) is not None:
             return TorchBackend
         import gguf_repack_kernels as kernels
 

@@ -8,11 +8,11 @@ Importing this package registers the `gguf_repack` quantization method with tran
 Needs the `hf` extra (transformers, tokenizers, accelerate).
 """
 
-from .model import load_model
+from .model import default_dtype, load_model
 from .modules import QuantEmbedding, QuantExperts, QuantLinear
 from .quantizer import GgufRepackConfig, GgufRepackHfQuantizer, register
 
 register()
 
-__all__ = ["load_model", "QuantLinear", "QuantEmbedding", "QuantExperts", "GgufRepackConfig",
+__all__ = ["load_model", "default_dtype", "QuantLinear", "QuantEmbedding", "QuantExperts", "GgufRepackConfig",
            "GgufRepackHfQuantizer"]

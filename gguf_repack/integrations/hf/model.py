@@ -31,10 +31,12 @@ from .modules import QuantEmbedding, QuantExperts, QuantLinear
 
 
 def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
-               dtype: torch.dtype = torch.float32, backend: str = "auto", verify: bool = False):
+               dtype: torch.dtype | None = None, backend: str = "auto", verify: bool = False):
     """The model in output directory `out` as a transformers `PreTrainedModel` (eval mode).
-    `dtype` is the compute dtype of activations and float weights; `backend` picks the
-    QTensor kernels ("auto": triton on CUDA, torch elsewhere)."""
+    `dtype` is the compute dtype of activations and float weights, by default
+    `default_dtype(device, config)`: float32 on CPU, 16-bit on CUDA; `backend` picks the
+    QTensor kernels ("auto": triton on CUDA, torch elsewhere, or what GGUF_REPACK_BACKEND
+    says, gguf_repack.runtime.backends)."""
     from transformers import AutoConfig
 
     out = Path(out)
@@ -46,9 +48,27 @@ def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
         raise FormatError(f"{out}: no config.json (convert it again with the hf extra installed "
                           f"and without --weights-only)")
     config = AutoConfig.from_pretrained(out)
+    dtype = dtype or default_dtype(device, config)
     model = empty_model(config, dtype)
     fill_model(model, repacked, dtype=dtype, backend=backend)
     return model.to(device).eval()
+
+
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def default_dtype(device: str | torch.device, config=None) -> torch.dtype:
+    """load_model's compute dtype when it is given none: on CUDA, the model's own dtype
+    (config.json's `dtype`, or `torch_dtype`) where that is a 16-bit float, else bfloat16;
+    float32 on the CPU and any other device."""
+    if torch.device(device).type != "cuda":
+        return torch.float32
+    own = None
+    if config is not None:
+        own = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(own, str):
+        own = getattr(torch, own.removeprefix("torch."), None)
+    return own if own in HALF_DTYPES else torch.bfloat16
 
 
 def empty_model(config, dtype: torch.dtype):
@@ -227,7 +247,8 @@ def _tie_output_embeddings(model, backend: str) -> None:
     output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if isinstance(output, nn.Linear) and output.weight.is_meta:
         if isinstance(embedding, QuantEmbedding):
-            model.set_output_embeddings(QuantLinear(embedding.qweight, backend=backend, dtype=embedding.dtype))
+            model.set_output_embeddings(QuantLinear(embedding.qweight, backend=backend,
+                                                    dtype=embedding.dtype))
         elif isinstance(embedding, nn.Embedding) and not embedding.weight.is_meta:
             # a float file (F32, F16, BF16) of a tied model: one parameter for both
             output.weight = embedding.weight
