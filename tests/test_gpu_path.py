@@ -86,14 +86,13 @@ def greedy(model, ids: torch.Tensor):
     return out.sequences[0, ids.shape[1]:].tolist(), torch.stack(out.logits)
 
 
-# float16 as well: the kernels' 16-bit paths (the GEMMs' products in float16, float32 sums),
-# within its rounding of the torch backend's float32 products. Not bfloat16: Triton's
-# interpreter (3.9) multiplies bfloat16 tiles' bit patterns in tl.dot (1e9 times off, in a
-# 16x16 kernel of its own too; triton-lang/triton#11584, "not supported yet"), so the GEMMs'
-# bfloat16 path can only be checked on a GPU
+# float16 and bfloat16 as well: the kernels' 16-bit paths (the GEMMs' products in x's dtype,
+# float32 sums), within their rounding of the torch backend's float32 products (bfloat16
+# under the interpreter as on a GPU: kernels/interpreter.py)
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.float16, 0.05)],
-                         ids=["float32", "float16"])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.float16, 0.05),
+                                               (torch.bfloat16, 0.05)],
+                         ids=["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_transformers_on_the_triton_backend_gives_the_torch_backends_tokens(kind, dtype, tolerance, tiny,
                                                                            monkeypatch):
@@ -117,7 +116,7 @@ def test_transformers_on_the_triton_backend_gives_the_torch_backends_tokens(kind
     assert not any(b == "triton" for b, _ in results["torch"][2]), results["torch"][2]
     assert tokens == results["torch"][0]
     ref = results["torch"][1].float()
-    # (float16: relative to the largest logit; at most 0.03 of it here, the tokens the same)
+    # (16-bit: relative to the largest logit; at most 0.03 of it here in float16, the tokens the same)
     atol = tolerance if dtype == torch.float32 else tolerance * ref.abs().max().item()
     torch.testing.assert_close(logits.float(), ref, rtol=tolerance, atol=atol)
 
