@@ -141,7 +141,16 @@ GEMV_MAX_M = 8
 # (rewrites what lies between the two marker lines). Estimates, not timings: GPU timings
 # (scripts/bench_gpu.py) should replace them.
 # BEGIN estimate_paths --write-configs
-MATMUL_RULE: dict[str, tuple] = {}
+MATMUL_RULE: dict[str, tuple] = {
+    'IQ4_XS': ((1, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'MXFP4': ((1, 'gemv'), (32, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q2_K': ((6, 'gemv'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q4_0': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q4_K': ((2, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q5_K': ((2, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q6_K': ((2, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q8_0': ((1, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+}
 # END estimate_paths --write-configs
 
 
@@ -280,8 +289,12 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     `tile` (BN, num_warps, num_stages) replaces the default as given (the tuner's
     candidates); else the tuned one (tuned_configs.json) where it fits; the result is fitted
     to the device's shared memory (fit_shared_memory: float32 x's BM = 64 tile of 256-weight
-    blocks does not fit the 99 KB of sm_86/89/120). The tile's BM (16, 32 or 64): `bm`, else
-    the one the estimate's rule picks at this M (gemm_bm)."""
+    blocks does not fit the 99 KB of sm_86/89/120). The tile's BM (16, 32 or 64): `bm`, or
+    `tile`'s "BM" (the tuner's pin: a tile of only BM is that BM's default), else the one the
+    estimate's rule picks at this M (gemm_bm)."""
+    if tile is not None and "BM" in tile:
+        bm = bm or tile["BM"]
+        tile = {k: v for k, v in tile.items() if k != "BM"} or None
     bm = bm or gemm_bm(type_name, block_size, m)
     bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
     default = {"BN": bn, "num_warps": 4, "num_stages": 2}
@@ -297,7 +310,8 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     return {**cfg, "SPLIT_K": split_k}
 
 
-# The dot GEMV (gemv_dot_kernel, M <= GEMV_MAX_M). Each thread owns ROWS rows (BN = 128 x ROWS, 4 warps):
+# The dot GEMV (gemv_dot_kernel, at the M matmul_choice takes it). Each thread owns ROWS rows
+# (BN = 128 x ROWS, 4 warps):
 # every x value a thread loads serves all its rows, so more rows mean fewer instructions
 # per weight byte, more registers and fewer programs. A 256-weight block can be taken in
 # PARTS calls, each a loop iteration, which keeps the registers of more rows in bounds.
@@ -331,7 +345,10 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
 # get at most this many rows on average: as the dense GEMV up to GEMV_MAX_M rows, each row
 # re-reads its expert's weights (from L2 when they repeat), where a tile would dequantize
 # them once for up to 16 rows at 0.46-1.0 of the bandwidth (its issue bound at sm_90,
-# BENCHMARKS.md); decode (a few tokens, k experts each) is this path.
+# BENCHMARKS.md); decode (a few tokens, k experts each) is this path. Not MATMUL_RULE's: the
+# dense estimate's GEMV re-reads one weight M times, this one reads a different expert's per
+# pair, and the expert tiles have no split K (BENCHMARKS.md "Paths by M"); 8, the default
+# rule's GEMV_MAX_M, until an estimate of its own.
 MOE_GEMV_MAX_ROWS = GEMV_MAX_M
 
 # The largest batch (in tokens) vLLM captures in CUDA graphs by default (its
