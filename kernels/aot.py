@@ -40,9 +40,10 @@ from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
 # Every kernel the dispatcher launches, as it would launch it: gemv, the GEMV at M = 1
-# (decode), gemv_m8 at M = 8, both the type's dot function; the fused GEMM's three tiles,
-# gemm_m16 (M <= 16), gemm_m32 (M <= 32) and gemm (BM = 64, M from 33 to
-# configs.dequantize_matmul_min_m); dequantize (then torch.matmul, from that M on); embedding;
+# (decode), gemv_m8 at M = 8 (the default rule's largest GEMV), both the type's dot function;
+# the fused GEMM's three tiles, gemm_m16 (BM = 16, at M = 16), gemm_m32 (BM = 32, at 32) and
+# gemm (BM = 64, at 128); dequantize (then torch.matmul); embedding (which M takes which
+# path and tile: configs.matmul_choice);
 # moe_gemv, the expert products at decode (a GEMV a routed token), and the expert GEMM's
 # tiles moe_m16, moe_m32, moe_m64 (by the rows an expert gets)
 FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "gemm_m32", "moe_gemv", "moe_m16",
