@@ -40,9 +40,10 @@ from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
 # Every kernel the dispatcher launches, as it would launch it: gemv, the GEMV at M = 1
-# (decode), gemv_m8 at M = 8, both the type's dot function; the fused GEMM's three tiles,
-# gemm_m16 (M <= 16), gemm_m32 (M <= 32) and gemm (BM = 64, M from 33 to
-# configs.dequantize_matmul_min_m); dequantize (then torch.matmul, from that M on); embedding;
+# (decode), gemv_m8 at M = 8 (the default rule's largest GEMV), both the type's dot function;
+# the fused GEMM's three tiles, gemm_m16 (BM = 16, at M = 16), gemm_m32 (BM = 32, at 32) and
+# gemm (BM = 64, at 128); dequantize (then torch.matmul); embedding (which M takes which
+# path and tile: configs.matmul_choice);
 # moe_gemv, the expert products at decode (a GEMV a routed token), and the expert GEMM's
 # tiles moe_m16, moe_m32, moe_m64 (by the rows an expert gets)
 FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "gemm_m32", "moe_gemv", "moe_m16",
@@ -70,9 +71,11 @@ def device(capability: int) -> configs.Device:
 
 # the M (or rows an expert) each tile family is compiled at
 GEMM_M = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 128, "moe_m16": 16, "moe_m32": 32, "moe_m64": 64}
+# the dense families' tile BM (whatever the rule takes at their M)
+GEMM_BM = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 64}
 
 
-def _spec(family: str, fmt, act: str, dev: configs.Device):
+def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None):
     """(kernel, signature, constexprs, config, rows of weight blocks per loop iteration) of
     one family at the configuration the dispatcher would choose for SHAPE on `dev`, for x of
     dtype `act`."""
@@ -112,7 +115,8 @@ def _spec(family: str, fmt, act: str, dev: configs.Device):
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
             cfg["BN"] / cfg["PARTS"] / m
     if family in ("gemm", "gemm_m16", "gemm_m32"):
-        cfg = configs.gemm_config(fmt.name, block_size, GEMM_M[family], n, k // block_size, dev, act)
+        cfg = configs.gemm_config(fmt.name, block_size, m or GEMM_M[family], n, k // block_size, dev, act,
+                                  bm=GEMM_BM[family])
         out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
         return gemm_kernel, {**common, "OUT": out}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
@@ -128,12 +132,14 @@ def _spec(family: str, fmt, act: str, dev: configs.Device):
     raise ValueError(family)
 
 
-def compile_family(family: str, type_name: str, capability: int = 90, act: str = "fp16"):
+def compile_family(family: str, type_name: str, capability: int = 90, act: str = "fp16",
+                   m: int | None = None):
     """(CompiledKernel, config, weight bytes per loop iteration of one program) of kernel
     `family` for type `type_name` on sm_<capability> (activations `act`: fp16, bf16, fp32),
-    at the configuration the dispatcher would launch there (`device(capability)`)."""
+    at the configuration the dispatcher would launch there (`device(capability)`), at the
+    family's M (GEMM_M) or for the dense GEMM's tiles at `m` rows (its split K)."""
     fmt = FORMATS[type_name]
-    kernel, sig, constexprs, cfg, rows = _spec(family, fmt, act, device(capability))
+    kernel, sig, constexprs, cfg, rows = _spec(family, fmt, act, device(capability), m)
     compiled = compile_kernel(kernel, sig, constexprs, capability,
                               num_warps=cfg["num_warps"], maxnreg=cfg.get("maxnreg"),
                               num_stages=cfg.get("num_stages", 3),
@@ -282,7 +288,9 @@ def gemm_summary(compiled, num_warps: int, bm: int, bn: int, block: int) -> dict
     tensor_cycles = 2 * bm * bn * block / TENSOR_FLOP_PER_SM_CYCLE
     issue_cycles = other * num_warps / 4
     time = max(tensor_cycles, issue_cycles) if overlap else tensor_cycles + issue_cycles
-    return {"tile": f"{bm}x{bn}x{block}", "bm": bm, "bn": bn, "warps": num_warps,
+    mma_flops, mma_rate = loop_mma_flops(sass, num_warps)
+    return {"mma_flops_per_iteration": mma_flops, "mma_peak_fraction": mma_rate,
+            "tile": f"{bm}x{bn}x{block}", "bm": bm, "bn": bn, "warps": num_warps,
             "tensor_cycles_per_iteration": tensor_cycles, "issue_cycles_per_iteration": issue_cycles,
             "stages": compiled.metadata.num_stages, "tensor_instructions": tensor,
             "other_instructions_per_tensor_instruction": round(other / tensor, 1) if tensor else None,
@@ -327,58 +335,149 @@ def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
     }
 
 
+# The per-M model of issue #31 (BENCHMARKS.md "Paths by M"), in seconds on an H200: 4.8 TB/s,
+# 132 SMs at 1.98 GHz, 4 warp-instructions an SM-cycle, 989 TFLOP/s dense fp16 (HGMMA; HMMA
+# at half of it).
+H200_BANDWIDTH = 4.8e12
+H200_CLOCK = 1.98e9
+H200_FP16_PEAK = 989e12
+# HMMA shapes by the suffix of their SASS opcode (M, N, K of one warp's instruction)
+_HMMA_SHAPES = {"16816": (16, 8, 16), "1688": (16, 8, 8)}
+_MMA_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?(HGMMA\.(\d+)x(\d+)x(\d+)|HMMA\.(\d+))")
+
+
+def loop_mma_flops(sass: str, num_warps: int) -> tuple[int, float]:
+    """(FLOPs of the main loop's MMA instructions for one program's iteration, the fraction of
+    the dense fp16 peak they run at): an HGMMA (warpgroup-wide, 4 warps) does 2 M N K at the
+    peak, an HMMA (one warp's) 2 M N K at half of it."""
+    addresses = {a for a, _ in main_loop(sass)}
+    flops, rate = 0, 1.0
+    for m in _MMA_LINE.finditer(sass):
+        if int(m.group(1), 16) not in addresses:
+            continue
+        if m.group(3):
+            flops += 2 * int(m.group(3)) * int(m.group(4)) * int(m.group(5)) * max(1, num_warps // 4)
+        else:
+            mm, nn, kk = _HMMA_SHAPES[m.group(6)]
+            flops += 2 * mm * nn * kk * num_warps
+            rate = 0.5
+    return flops, rate
+
+
+# What x @ W.T can take at M rows (configs.matmul_choice names them): the GEMV, the fused
+# GEMM's three tiles, or the weight dequantized, then torch.matmul
+CHOICES = ("gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64", "dequantize+matmul")
+# the M the per-M table is estimated at (scripts/estimate_paths.py)
+PATH_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def _issue_seconds(programs: int, iterations: int, loop_instructions: int, num_warps: int) -> float:
+    """Programs on the busiest SM x loop iterations x the loop's warp-instructions, issued
+    4 an SM-cycle."""
+    busiest = -(-programs // SMS)
+    return busiest * iterations * loop_instructions * num_warps / ISSUE_PER_SM_CYCLE / H200_CLOCK
+
+
 def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
-                          gemm_rows: dict[int, dict]) -> list[dict]:
-    """Estimated time of x @ W.T for SHAPE on an H200 at M = 16, 128, 2048 by each path, and
-    as a fraction of an fp16 matmul's (the same product with an fp16 weight, at the tensor
-    cores' peak or HBM's bandwidth, whichever binds). All in SM-cycles over the 132 SMs:
-    - fused GEMM: per tile iteration its tensor and issue cycles (gemm_summary of the tile
-      the dispatcher launches at that M, `gemm_rows` by BM), K/BLOCK/SPLIT_K iterations a
-      program, ceil(M/BM) x ceil(N/BN) x SPLIT_K programs spread over the SMs: the busiest SM runs
-      ceil(programs / SMs) of them; their tensor and issue cycles add up when an SM holds one
-      program at a time (it waits for its MMA), the larger of the two counts when it holds
-      2+ at once (one's dequant issues while another's MMA runs); at least the quantized
-      weight's bytes.
-    - dequantize+matmul: the dequantize kernel, bound by its issue (its SASS's instructions per
-      byte) or by its bytes (quantized read, fp16 written), plus the fp16 matmul.
-    Estimates, not timings: latency, L2 and cuBLAS's own efficiency are not in them."""
+                          gemm_rows: dict[int, dict], gemv_row: dict | None = None,
+                          ms=(16, 128, 2048)) -> list[dict]:
+    """Estimated time of x @ W.T for SHAPE on an H200 at each M of `ms` by every path there is
+    a compile for, against an fp16 matmul (the same product with an fp16 weight) and the
+    ideal (the same with the quantized weight's bytes), in seconds; the model of issue #31:
+    - a kernel's issue: programs on the busiest SM x loop iterations x the loop's warp-
+      instructions / 4 an SM-cycle (`_issue_seconds`);
+    - fused GEMM (`gemm_rows` by BM, or by (BM, SPLIT_K) where compiled at each split K, which
+      is a constexpr of the loop: sass_summary + gemm_summary + "config" of its compile): at
+      each tile BM, its config at that M (configs.gemm_config with that BM on the sm_90
+      record: BN, split K), ceil(M/BM) x ceil(N/BN) x SPLIT_K programs of K/BLOCK/SPLIT_K
+      iterations; time = max(issue, tensor (the same programs x iterations x the loop's MMA
+      FLOPs / the per-SM peak: HGMMA at the dense fp16 peak, HMMA at half), the quantized
+      weight's bytes once / bandwidth);
+    - GEMV (`gemv_row`, its M = 1 compile and config): a program per row of x, each
+      dequantizing the whole weight: M x the M = 1 issue, at least the bytes once;
+    - dequantize+matmul: the dequantize kernel (the larger of its issue and its bytes:
+      quantized read, fp16 written) + the fp16 matmul;
+    - fp16 = max(2 N K bytes / bandwidth, 2 M N K / peak); ideal = the same with the
+      quantized weight's bytes.
+    Estimates, not timings: latency, L2, launch overheads, x's and the output's bytes, split
+    K's atomics, the GEMVs' x preparation and cuBLAS's own efficiency are not in them.
+    Each row: "times" (seconds by choice, configs.CHOICES' names), "best", "dispatched" (the
+    path matmul_path takes today) and its "tile", "speedup" over fp16 and "fraction_of_ideal"
+    of the dispatched choice; also the older measures (fused GEMM at the dispatched or BM-by-M
+    tile and dequantize+matmul as fractions of fp16, the break-even M of BM = 64 against
+    dequantize+matmul)."""
     n, k = SHAPE
     block = FORMATS[type_name].block_size
+    n_blocks = k // block
     weight_bytes = n * k // block * type_size
-    per_sm = SMS  # cycles below are SM-cycles summed over the SMs, divided by this
+    per_sm_peak = H200_FP16_PEAK / SMS
+    memory = weight_bytes / H200_BANDWIDTH
 
-    def fp16_matmul(m):
-        return max(2 * m * n * k / TENSOR_FLOP_PER_SM_CYCLE,
-                   2 * (n * k + m * k + m * n) / H200_BYTES_PER_SM_CYCLE) / per_sm
+    def fp16(m):
+        return max(2 * n * k / H200_BANDWIDTH, 2 * m * n * k / H200_FP16_PEAK)
 
-    dequantize = max(dequantize_row["warp_instructions_per_byte"] * weight_bytes / ISSUE_PER_SM_CYCLE,
-                     (weight_bytes + 2 * n * k) / H200_BYTES_PER_SM_CYCLE) / per_sm
-    def fused_gemm(m):
-        cfg = configs.gemm_config(type_name, block, m, n, k // block, configs.KNOWN_DEVICES[90], "fp16")
-        g = gemm_rows[cfg["BM"]]
+    def ideal(m):
+        return max(memory, 2 * m * n * k / H200_FP16_PEAK)
+
+    dq_cfg = dequantize_row["config"]
+    dequantize = max(_issue_seconds(-(-n // dq_cfg["BN"]) * n_blocks, 1,
+                                    dequantize_row["loop_instructions"], dq_cfg["num_warps"]),
+                     (weight_bytes + 2 * n * k) / H200_BANDWIDTH)
+
+    def fused_gemm(m, bm):
+        cfg = configs.gemm_config(type_name, block, m, n, n_blocks, configs.KNOWN_DEVICES[90],
+                                  "fp16", bm=bm)
+        g = gemm_rows.get((bm, cfg["SPLIT_K"])) or gemm_rows[bm]
         assert (g["bm"], g["bn"]) == (cfg["BM"], cfg["BN"]), (g["tile"], cfg)
         split_k = cfg["SPLIT_K"]
-        programs = -(-m // g["bm"]) * -(-n // g["bn"]) * split_k
-        busiest = -(-programs // SMS)  # programs on one SM
-        tensor, issue = g["tensor_cycles_per_iteration"], g["issue_cycles_per_iteration"]
-        together = min(busiest, g["programs_per_sm"])
-        both = max(tensor, issue) if g["mma_overlaps_dequant"] or together >= 2 else tensor + issue
-        return max(busiest * (k // block // split_k) * both,
-                   weight_bytes / H200_BYTES_PER_SM_CYCLE / per_sm)
+        programs = -(-m // bm) * -(-n // cfg["BN"]) * split_k
+        iterations = -(-n_blocks // split_k)
+        issue = _issue_seconds(programs, iterations, g["loop_instructions"], cfg["num_warps"])
+        busiest = -(-programs // SMS)
+        tensor = busiest * iterations * g["mma_flops_per_iteration"] / (
+            per_sm_peak * g["mma_peak_fraction"])
+        return max(issue, tensor, memory)
 
-    # the first M (in steps of 64, the tile of gemm_rows[64]) from which dequantize-then-
-    # matmul is estimated faster
-    break_even = next((m for m in range(64, 8193, 64)
-                       if dequantize + fp16_matmul(m) < fused_gemm(m)), None)
+    bms = sorted({key if isinstance(key, int) else key[0] for key in gemm_rows})
+    gemv_issue = None
+    if gemv_row is not None:
+        c = gemv_row["config"]
+        gemv_issue = _issue_seconds(-(-n // c["BN"]) * c["SPLIT_K"],
+                                    -(-n_blocks * c["PARTS"] // c["SPLIT_K"]),
+                                    gemv_row["loop_instructions"], c["num_warps"])
+
+    def times(m):
+        t = {f"gemm_bm{bm}": fused_gemm(m, bm) for bm in bms}
+        if gemv_issue is not None:
+            t = {"gemv": max(m * gemv_issue, memory), **t}
+        t["dequantize+matmul"] = dequantize + fp16(m)
+        return t
+
+    break_even = (next((m for m in range(64, 8193, 64)
+                        if dequantize + fp16(m) < fused_gemm(m, 64)), None)
+                  if 64 in bms else None)
     rows = []
-    for m in (16, 128, 2048):
-        ref = fp16_matmul(m)
-        rows.append({"type": type_name, "M": m, "fp16_matmul_us": round(ref / 1.98e3, 1),
-                     "fused_gemm_fraction": round(ref / fused_gemm(m), 2),
-                     "dequantize_matmul_fraction": round(ref / (dequantize + ref), 2),
-                     "break_even_m": break_even,
-                     "dispatched": "gemm" if m < configs.dequantize_matmul_min_m(block)
-                     else "dequantize+matmul"})
+    for m in ms:
+        t = times(m)
+        choice = configs.matmul_choice(type_name, block, m)
+        bm = int(choice[len("gemm_bm"):]) if choice.startswith("gemm_bm") else \
+            configs.gemm_bm(type_name, block, m)
+        fused = t.get(f"gemm_bm{bm}")
+        ref = fp16(m)
+        row = {"type": type_name, "M": m, "fp16_us": ref * 1e6, "ideal_us": ideal(m) * 1e6,
+               "times_us": {c: v * 1e6 for c, v in t.items()},
+               "best": min(t, key=t.get),
+               "dispatched": "gemm" if choice.startswith("gemm") else choice,
+               "tile": choice,
+               # the older measures (inspect_kernels.py --sass)
+               "fp16_matmul_us": round(ref * 1e6, 1),
+               "fused_gemm_fraction": round(ref / fused, 2) if fused else None,
+               "dequantize_matmul_fraction": round(ref / t["dequantize+matmul"], 2),
+               "break_even_m": break_even}
+        if choice in t:
+            row["speedup"] = ref / t[choice]
+            row["fraction_of_ideal"] = ideal(m) / t[choice]
+        rows.append(row)
     return rows
 
 

@@ -131,13 +131,11 @@ def gemm_dequant(fmt: Format, float16: bool) -> dict:
 
 
 def matmul_path(type_name: str, m: int) -> str:
-    """Which of the three paths multiplies M rows of x (configs.py says why): "gemv",
-    "gemm" (fused) or "dequantize+matmul"."""
-    if m <= configs.GEMV_MAX_M:
-        return "gemv"
-    if m >= configs.dequantize_matmul_min_m(_format(type_name).block_size):
-        return "dequantize+matmul"
-    return "gemm"
+    """Which of the three paths multiplies M rows of x (configs.matmul_choice, from the SASS
+    estimate; configs.py says why): "gemv", "gemm" (fused; its BM: configs.gemm_bm) or
+    "dequantize+matmul"."""
+    choice = configs.matmul_choice(type_name, _format(type_name).block_size, m)
+    return "gemm" if choice.startswith("gemm_bm") else choice
 
 
 def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, shape,

@@ -1,5 +1,6 @@
-"""Kernel family: GEMV for small M (M <= configs.GEMV_MAX_M), split-K over block columns,
-float32 accumulation, no tensor cores (at small M the weight read is the whole cost).
+"""Kernel family: GEMV for small M (where dispatch.matmul_path takes it:
+configs.matmul_choice), split-K over block columns, float32 accumulation, no tensor cores
+(at small M the weight read is the whole cost).
 
 `prepare_x_kernel` makes x float32 with its sums of 16 (for the sub-blocks' mins), once per
 call; then `gemv_dot_kernel` runs the type's `dot` function (formats_*.py) on each block

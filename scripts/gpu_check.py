@@ -117,7 +117,7 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
             for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2), (torch.bfloat16, 1e-2)):
                 xd = x if dtype == torch.float32 else (x / dense.abs().max()).to(dtype)
                 xr = xd.float()
-                if kernels.FORMATS[name].x_int8 and m <= kernels.configs.GEMV_MAX_M:
+                if kernels.FORMATS[name].x_int8 and kernels.dispatch.matmul_path(name, m) == "gemv":
                     # this type's GEMV multiplies x as gguf-py's Q8_0 stores it
                     xr = torch.from_numpy(as_q8_0(xr.cpu().numpy())).to(device)
                 ref = xr @ dense.T

@@ -11,10 +11,11 @@ kernels/configs.py reads once it is committed as kernels/tuned_configs.json.
 
 Tile kinds, each timed at one M on a 4096 x 4096 weight with x of --act (fp16 unless told;
 bf16, fp32): gemv at M = 1 (the
-decode GEMV; its tile serves every M up to configs.GEMV_MAX_M), gemm_bm16 at M = 16,
-gemm_bm32 at M = 32, gemm_bm64 at M = 64 (the fused GEMM's tiles, below the
-dequantize+matmul threshold). Every candidate is a compile on first use: --budget (seconds)
-stops taking new types when spent, and the report names those left out. Writes
+decode GEMV; its tile serves every M the GEMV takes), gemm_bm16 at M = 16,
+gemm_bm32 at M = 32, gemm_bm64 at M = 64 (the fused GEMM's tiles, each launched at that BM
+whichever the dispatcher's rule takes at that M: configs.gemm_config's "BM" pin). Every
+candidate is a compile on first use: --budget (seconds) stops taking new types when spent,
+and the report names those left out. Writes
 tuned_configs.json (tiles, every timing, the device, Triton's version) and tuned_configs.md.
 Tiles go under the key of the device's capability and x's dtype ("sm90/fp16"; configs.tuned
 reads only its own GPU's and dtype's); those of other keys already in --out's
@@ -85,12 +86,15 @@ def tune_type(name: str, n: int, k: int, device: torch.device, timer: Timer, smo
     rows = []
     for kind, m in KINDS.items():
         x = (torch.randn(m, k, device=device) / k ** 0.5).to(dtype)
-        default = kernels.matmul(x, planes, name, (n, k)).float()
+        pin = None if kind == "gemv" else {"BM": m}  # the kind's BM, whatever the rule takes at m
+        default = kernels.matmul(x, planes, name, (n, k), tile=pin).float()
         scale = default.abs().max().item() or 1.0
         base = {"type": name, "kind": kind, "M": m}
-        rows.append({**base, "tile": None, "seconds": timer(lambda: kernels.matmul(x, planes, name, (n, k)))})
+        rows.append({**base, "tile": None,
+                     "seconds": timer(lambda: kernels.matmul(x, planes, name, (n, k), tile=pin))})
         for tile in candidates(kind, name, smoke):
             row = {**base, "tile": tile}
+            tile = {**(pin or {}), **tile}
             try:
                 got = kernels.matmul(x, planes, name, (n, k), tile=tile).float()
             except Exception as e:  # a tile that does not compile (shared memory, registers)

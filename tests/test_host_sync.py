@@ -169,8 +169,8 @@ def test_expert_products_never_sync_and_launch_alike_for_every_routing(name, tok
 
 @pytest.mark.parametrize("m", [1, 4, 16, 64, 256])
 def test_dense_matmul_and_embedding_never_sync(m):
-    """The GEMV (M <= 8), the fused GEMM and dequantize-then-matmul (M >= 192 for 256-weight
-    blocks); the embedding."""
+    """Each path dispatch.matmul_path takes over these M (the GEMV at M = 1, the fused GEMM's
+    tiles, dequantize-then-matmul from M = 256 on); the embedding."""
     w = stack("Q4_K", (40, 256))
     x = _x(m, 256, 3)
     ids = torch.arange(m) % 40
@@ -229,7 +229,8 @@ def test_deterministic_mode_takes_no_float_atomics(monkeypatch):
     """Under torch.use_deterministic_algorithms(True) no launch splits K (the float
     atomics that make the default's last bits vary from run to run); results are repeatable."""
     w = stack("Q4_K", (40, 256 * 2))
-    x = _x(3, 256 * 2, 4)
+    x = _x(1, 256 * 2, 4)  # the GEMV's M
+    assert kernels.dispatch.matmul_path("Q4_K", 1) == "gemv"
     # as an H200 splits K (132 SMs to fill), on CPU tensors
     monkeypatch.setattr(kernels.dispatch, "_device", lambda device: kernels.configs.Device(0, 0, 132))
     with recording() as rec:

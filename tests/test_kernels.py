@@ -25,9 +25,9 @@ def make_planes(name, shape, rng):
 
 
 def gemv_x(name, x):
-    """The x that the decode GEMV (M <= 8) multiplies: x, or for a type whose dot function
-    takes int8 x, x as gguf-py's Q8_0 stores it."""
-    if x.shape[0] <= kernels.configs.GEMV_MAX_M and kernels.FORMATS[name].x_int8:
+    """The x that the product multiplies: on the GEMV's path (dispatch.matmul_path at x's M)
+    for a type whose dot function takes int8 x, x as gguf-py's Q8_0 stores it; else x."""
+    if kernels.dispatch.matmul_path(name, x.shape[0]) == "gemv" and kernels.FORMATS[name].x_int8:
         return torch.from_numpy(as_q8_0(x.float().numpy()))
     return x.float()
 
@@ -60,7 +60,7 @@ def test_dequantize_is_bitwise_the_torch_backend(name, rng):
 @pytest.mark.parametrize("name", KERNEL_TYPES)
 @pytest.mark.parametrize("k_blocks, batches", [
     (1, (1, 16)),  # the GEMV and the GEMM's M = 16 tile, one block column
-    pytest.param(2, (3, 33), marks=pytest.mark.slow),  # split K; the BM = 64 tile
+    pytest.param(2, (3, 33), marks=pytest.mark.slow),  # split K; the tiles the rule takes there
     pytest.param(4, (3,), marks=pytest.mark.slow)])  # more block columns than split-K parts
 def test_matmul_and_embedding(name, k_blocks, batches, rng):
     qtype = TYPES_BY_NAME[name]
@@ -69,7 +69,7 @@ def test_matmul_and_embedding(name, k_blocks, batches, rng):
     n, k = 37 if k_blocks == 1 else 9, k_blocks * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
     dense = dequantize_planes(planes, qtype)
-    for m in batches:  # GEMV (split-K) up to M=8, GEMM above
+    for m in batches:  # the path and tile dispatch.matmul_path takes at each M
         x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
         ref = gemv_x(name, x) @ dense.T
         got = kernels.matmul(x, planes, name, (n, k))
@@ -126,7 +126,10 @@ def test_matmul_from_the_threshold_on_dequantizes_then_multiplies(name, rng, mon
     n, k = 37, 2 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
     dense = dequantize_planes(planes, qtype)
+    # the default rule's thresholds, and the estimate's rule of the type, moved to M = 12
     monkeypatch.setattr(kernels.configs, "dequantize_matmul_min_m", lambda block_size: 12)
+    monkeypatch.setitem(kernels.configs.MATMUL_RULE, name,
+                        ((8, "gemv"), (11, "gemm_bm16"), (None, "dequantize+matmul")))
     paths = [kernels.dispatch.matmul_path(name, m) for m in (1, 8, 9, 11, 12, 300)]
     assert paths == ["gemv", "gemv", "gemm", "gemm", "dequantize+matmul", "dequantize+matmul"]
     x = torch.from_numpy(rng.standard_normal((2, 6, k)).astype(np.float32))

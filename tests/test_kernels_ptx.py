@@ -267,7 +267,7 @@ def test_every_launched_tile_fits_its_devices_shared_memory():
                         cfg = configs.moe_config(name, fmt.block_size, m, dev, act)
                     else:
                         cfg = configs.gemm_config(name, fmt.block_size, m, 4096, 4096 // fmt.block_size,
-                                                  dev, act)
+                                                  dev, act, bm=aot.GEMM_BM[family])
                     key = (lowering(arch, act), "" if act == "fp32" else act, name, cfg["BM"], cfg["BN"],
                            cfg["num_stages"])
                     tasks.setdefault(key, ("gemm" if cfg["BM"] == 64 else f"gemm_m{cfg['BM']}",

@@ -27,11 +27,12 @@ def default_tile(name, bm):
 
 
 def launched(name, device, act):
-    """Every tensor-core tile the dispatcher can launch for this type: the dense GEMM at
-    M = 16, 32 and 64 and the expert GEMM at 16, 32 and 64 rows an expert."""
+    """Every tensor-core tile the dispatcher can launch for this type: the dense GEMM's
+    BM = 16, 32 and 64 tiles (at M = BM; configs.matmul_choice picks among them by M) and the
+    expert GEMM at 16, 32 and 64 rows an expert."""
     block = kernels.FORMATS[name].block_size
     for m in (16, 32, 64):
-        cfg = configs.gemm_config(name, block, m, N, K // block, device, act)
+        cfg = configs.gemm_config(name, block, m, N, K // block, device, act, bm=m)
         yield "gemm", m, {k: v for k, v in cfg.items() if k != "SPLIT_K"}
         yield "moe", m, configs.moe_config(name, block, m, device, act)
 
@@ -127,3 +128,25 @@ def test_tuned_tiles_apply_to_their_device_and_dtype_only(tmp_path, monkeypatch)
     assert cfg == configs.gemm_config("Q4_K", 256, 64, N, 16, SMALL, torch.float32)
     # a tile given as such is launched as given (the tuner's candidates)
     assert configs.gemm_config("Q4_K", 256, 64, N, 16, sm86, torch.float32, tile=big)["BN"] == 128
+
+
+def test_the_estimates_rule_picks_a_path_and_tile_at_every_m():
+    """configs.MATMUL_RULE (scripts/estimate_paths.py --write-configs, from the SASS estimate):
+    per type, increasing M bounds, the last open; the GEMV at M = 1 (decode); and what the
+    dispatcher launches at each M is the rule's choice: its path and, for the fused GEMM, a
+    tile of the rule's BM."""
+    choices = {"gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64", "dequantize+matmul"}
+    assert {"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4"} <= set(configs.MATMUL_RULE)
+    h200 = configs.KNOWN_DEVICES[90]
+    for name, rule in configs.MATMUL_RULE.items():
+        tops = [top for top, _ in rule]
+        assert tops[-1] is None and tops[:-1] == sorted(set(tops[:-1])), (name, rule)
+        assert {choice for _, choice in rule} <= choices and rule[0][1] == "gemv", (name, rule)
+        block = kernels.FORMATS[name].block_size
+        for m in range(1, 300):
+            choice = next(c for top, c in rule if top is None or m <= top)
+            path = kernels.dispatch.matmul_path(name, m)
+            assert path == ("gemm" if choice.startswith("gemm") else choice), (name, m)
+            if path == "gemm":
+                cfg = configs.gemm_config(name, block, m, N, K // block, h200, "fp16")
+                assert f"gemm_bm{cfg['BM']}" == choice, (name, m, cfg)

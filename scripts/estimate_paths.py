@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Which path x @ W.T should take at each batch size M, estimated from the SASS (issue #31):
+compiles, ahead of time for sm_90 with fp16 activations (no GPU needed), every kernel family a
+candidate path launches (the GEMV at M = 1, the fused GEMM's BM = 16, 32 and 64 tiles, the
+dequantize kernel), and tabulates for a 4096 x 4096 weight on an H200 the estimated time of
+each candidate at M = 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, the path
+the dispatcher takes (dispatch.matmul_path, configs.matmul_choice) and its speedup over an
+fp16 matmul and fraction of the ideal (the fp16 matmul's bound with the quantized weight's
+bytes). The model is kernels/aot.py: matmul_path_estimates. Estimates, not GPU timings.
+
+    python scripts/estimate_paths.py [--types Q4_0,Q4_K] [--jobs 1] [--json OUT.json]
+                                     [--write-configs]
+
+--write-configs writes the fastest choice at each M (estimated at the M above and on to
+4096) as kernels/configs.py's MATMUL_RULE for the types estimated (the others keep theirs),
+the GEMV kept at M = 1. Run without TRITON_INTERPRET (it is removed here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+from gguf_repack_kernels import FORMATS, configs  # noqa: E402
+from gguf_repack_kernels.aot import (  # noqa: E402
+    CHOICES,
+    PATH_MS,
+    SHAPE,
+    compile_family,
+    gemm_summary,
+    matmul_path_estimates,
+    sass_summary,
+)
+
+# the types of issue #31's table
+TYPES = ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4")
+# the families the candidates launch, and the BM of the GEMM ones
+FAMILIES = {"gemv": None, "dequantize": None, "gemm_m16": 16, "gemm_m32": 32, "gemm": 64}
+# where the rule is estimated beyond the table's M: on to the prefill sizes
+RULE_MS = PATH_MS + (384, 512, 768, 1024, 2048, 4096)
+CONFIGS = Path(configs.__file__)
+BEGIN, END = "# BEGIN estimate_paths --write-configs\n", "# END estimate_paths --write-configs\n"
+
+
+def _compile(task: tuple[str, str, int | None]) -> tuple[str, str, dict]:
+    name, family, m = task
+    compiled, cfg, nbytes = compile_family(family, name, 90, "fp16", m)
+    row = {"config": cfg, **sass_summary(compiled, cfg["num_warps"], nbytes)}
+    row.pop("loop_opcodes")
+    if FAMILIES[family]:
+        row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
+                                FORMATS[name].block_size))
+    print(f"compiled {name} {family} sm_90 fp16 {cfg}", file=sys.stderr)
+    return name, family, row
+
+
+def _tasks(name: str, ms) -> list[tuple[str, str, int | None]]:
+    """The compiles the estimate of `name` needs: the GEMV and dequantize kernels, and each
+    GEMM tile at one M of each split K it takes over `ms` (split K is a constexpr of its
+    loop)."""
+    n, k = SHAPE
+    block = FORMATS[name].block_size
+    tasks = [(name, family, None) for family, bm in FAMILIES.items() if not bm]
+    for family, bm in FAMILIES.items():
+        if bm:
+            splits = {}
+            for m in ms:
+                cfg = configs.gemm_config(name, block, m, n, k // block, configs.KNOWN_DEVICES[90],
+                                          "fp16", bm=bm)
+                splits.setdefault(cfg["SPLIT_K"], m)
+            tasks += [(name, family, m) for m in splits.values()]
+    return tasks
+
+
+def estimate(types, jobs: int, ms=PATH_MS) -> dict[str, list[dict]]:
+    """{type: matmul_path_estimates' rows at each M of `ms`}."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    tasks = [t for name in types for t in _tasks(name, ms)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            compiled = list(pool.map(_compile, tasks))
+    else:
+        compiled = [_compile(t) for t in tasks]
+    rows, gemm = {}, {}
+    for name, family, row in compiled:
+        if FAMILIES[family]:
+            gemm.setdefault(name, {})[FAMILIES[family], row["config"]["SPLIT_K"]] = row
+        else:
+            rows[name, family] = row
+    out = {}
+    for name in types:
+        type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
+        out[name] = matmul_path_estimates(name, type_size, rows[name, "dequantize"], gemm[name],
+                                          rows[name, "gemv"], ms)
+    return out
+
+
+def rule(estimates: list[dict]) -> tuple:
+    """(largest M, choice) pairs of the fastest choice at each estimated M, runs merged, the
+    last open-ended (None); the GEMV kept at M = 1 (decode, the engines' CUDA graphs)."""
+    best = [(e["M"], "gemv" if e["M"] == 1 else e["best"]) for e in estimates]
+    pairs: list[list] = []
+    for m, choice in best:
+        if pairs and pairs[-1][1] == choice:
+            pairs[-1][0] = m
+        else:
+            pairs.append([m, choice])
+    pairs[-1][0] = None
+    return tuple(tuple(p) for p in pairs)
+
+
+def write_configs(rules: dict[str, tuple]) -> None:
+    text = CONFIGS.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    merged = {**configs.MATMUL_RULE, **rules}
+    lines = ["MATMUL_RULE: dict[str, tuple] = {\n"]
+    for name in sorted(merged):
+        lines.append(f"    {name!r}: {merged[name]!r},\n")
+    lines.append("}\n")
+    CONFIGS.write_text(text[:start] + "".join(lines) + text[end:])
+
+
+def _short(choice: str) -> str:
+    return {"dequantize+matmul": "dq+mm", "gemv": "gemv"}.get(choice, re.sub("gemm_bm", "bm", choice))
+
+
+def markdown(estimates: dict[str, list[dict]]) -> str:
+    ms = [e["M"] for e in next(iter(estimates.values()))]
+    out = ["Speedup over fp16 / fraction of ideal of the path dispatched today "
+           "(estimates from the sm_90 SASS, not GPU timings):", "",
+           "| type | " + " | ".join(f"M={m}" for m in ms) + " |",
+           "| --- |" + " --- |" * len(ms)]
+    for name, rows in estimates.items():
+        out.append(f"| {name} | " + " | ".join(
+            f"{e['speedup']:.2f}/{e['fraction_of_ideal']:.2f}" for e in rows) + " |")
+    out += ["", "Path dispatched today (and the estimate's fastest where it differs):", "",
+            "| type | " + " | ".join(f"M={m}" for m in ms) + " |", "| --- |" + " --- |" * len(ms)]
+    for name, rows in estimates.items():
+        out.append(f"| {name} | " + " | ".join(
+            _short(e["tile"]) + ("" if e["best"] == e["tile"] else f" ({_short(e['best'])})")
+            for e in rows) + " |")
+    out += ["", "Speedup over fp16 / fraction of ideal of the estimate's fastest choice:", "",
+            "| type | " + " | ".join(f"M={m}" for m in ms) + " |", "| --- |" + " --- |" * len(ms)]
+    for name, rows in estimates.items():
+        cells = []
+        for e in rows:
+            t = e["times_us"][e["best"]]
+            cells.append(f"{e['fp16_us'] / t:.2f}/{e['ideal_us'] / t:.2f}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, rows in estimates.items():
+        out += ["", f"{name}: estimated us by choice (fp16, ideal, dispatched):", "",
+                "| M | fp16 | ideal | " + " | ".join(CHOICES) + " | dispatched |",
+                "| --- |" + " --- |" * (len(CHOICES) + 3)]
+        for e in rows:
+            out.append(f"| {e['M']} | {e['fp16_us']:.2f} | {e['ideal_us']:.2f} | " + " | ".join(
+                f"{e['times_us'][c]:.2f}" if c in e["times_us"] else "-" for c in CHOICES)
+                + f" | {e['tile']} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--jobs", type=int, default=1, help="compiles in parallel")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--write-configs", action="store_true",
+                    help="write the fastest choice by M as kernels/configs.py's MATMUL_RULE")
+    args = ap.parse_args()
+    types = args.types.split(",")
+    unknown = set(types) - set(FORMATS)
+    if unknown:
+        ap.error(f"no type {', '.join(sorted(unknown))}")
+    estimates = estimate(types, args.jobs, RULE_MS)
+    table = {name: [e for e in rows if e["M"] in PATH_MS] for name, rows in estimates.items()}
+    print(markdown(table))
+    rules = {name: rule(rows) for name, rows in estimates.items()}
+    if args.json:
+        args.json.write_text(json.dumps({"estimates": table, "rules": rules}, indent=1))
+    if args.write_configs:
+        write_configs(rules)
+        print(f"\nwrote MATMUL_RULE for {', '.join(types)} into {CONFIGS}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
