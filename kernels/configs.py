@@ -142,14 +142,29 @@ GEMV_MAX_M = 8
 # (scripts/bench_gpu.py) should replace them.
 # BEGIN estimate_paths --write-configs
 MATMUL_RULE: dict[str, tuple] = {
+    'IQ1_M': ((3, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ1_S': ((6, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ2_S': ((2, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ2_XS': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ2_XXS': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ3_S': ((2, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ3_XXS': ((3, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ4_NL': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'IQ4_XS': ((1, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'MXFP4': ((1, 'gemv'), (32, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'NVFP4': ((1, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q2_K': ((6, 'gemv'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q3_K': ((4, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q4_0': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q4_1': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q4_K': ((2, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q5_0': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q5_1': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q5_K': ((2, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q6_K': ((2, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q8_0': ((1, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'TQ1_0': ((3, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'TQ2_0': ((8, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
 }
 # END estimate_paths --write-configs
 
