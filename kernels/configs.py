@@ -157,7 +157,7 @@ MATMUL_RULE: dict[str, tuple] = {
     'Q3_K': ((4, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q4_0': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q4_1': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q4_K': ((2, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q4_K': ((1, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q5_0': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q5_1': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q5_K': ((2, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
@@ -216,6 +216,38 @@ def embedding_config(block_size: int) -> dict:
 # BN of the M <= 16 tile where the block-size default spills registers in the sm_90 SASS
 # (Q8_0: 5 at BN = 128; IQ3_XXS at 64)
 GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
+
+# The tile BMs at which the fused GEMM takes a type's float16 dequant function for float16 x
+# (registry.py; elsewhere its float32 one), where it is not every BM. At BM = 16 and 32 the
+# dot operand is the dequantized weight in registers, and the float16 function issues half
+# or less; at BM = 64 the tile goes through shared memory to the wgmma, and the float32 one
+# issues less (sm_90 SASS, loop instructions at BM = 16 / 32 / 64, float16 against float32:
+# Q4_0 136/329, 96/193, 170/112; Q4_1 148/265, 106/158, 202/125; Q4_K 769/1115, 721/1029,
+# 1109/614).
+F16_DEQUANT_BMS = dict.fromkeys(["Q4_0", "Q4_1", "Q4_K"], (16, 32))
+
+
+def f16_dequant(type_name: str, bm: int) -> bool:
+    """Whether the fused GEMM's BM-row tile takes the type's float16 dequant function for
+    float16 x (where it has one)."""
+    return bm in F16_DEQUANT_BMS.get(type_name, (16, 32, 64))
+
+
+# BN of the BM = 16 tile with float16 x where the type's float16 dequant function takes a
+# wider one than the float32 function can (sm_90 SASS: Q4_K 769 loop instructions for
+# 16 x 64 x 256, 1271 for 16 x 128, 0.65 -> 0.79 of the bytes' bound, 192 registers, no
+# spills; the float32 function spills at BN = 128 with float32 x)
+GEMM_M16_BN_F16 = {"Q4_K": 128}
+
+
+def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
+    """The default BN of the fused GEMM's (and the expert GEMM's) BM-row tile for x of
+    `dtype`: 32 from BM = 32 on; at BM = 16 wider, by block size and type (see above)."""
+    if bm != 16:
+        return 32
+    if act_name(dtype) == "fp16" and type_name in GEMM_M16_BN_F16:
+        return GEMM_M16_BN_F16[type_name]
+    return GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128)
 
 
 # --- Shared memory of the tensor-core tiles (gemm_kernel, moe_gemm_kernel) ---------------
@@ -311,8 +343,7 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
         bm = bm or tile["BM"]
         tile = {k: v for k, v in tile.items() if k != "BM"} or None
     bm = bm or gemm_bm(type_name, block_size, m)
-    bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
-    default = {"BN": bn, "num_warps": 4, "num_stages": 2}
+    default = {"BN": gemm_bn(type_name, block_size, bm, dtype), "num_warps": 4, "num_stages": 2}
     if tile is not None:
         cfg = {"BM": bm, **default, **tile}
     else:
@@ -397,6 +428,6 @@ def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: 
     is the dense GEMM's of the same BM, fitted to the device's shared memory alike (the
     expert kernel allocates what gemm_kernel does: measured). Not timed on a GPU yet."""
     bm = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
-    bn = GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128) if bm == 16 else 32
+    bn = gemm_bn(type_name, block_size, bm, dtype)
     return fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4,
                                                       "num_stages": 2}, device, dtype)

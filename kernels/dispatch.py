@@ -122,10 +122,11 @@ def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
     return torch.empty(m, n, device=x.device, dtype=x.dtype)
 
 
-def gemm_dequant(fmt: Format, float16: bool) -> dict:
-    """The fused GEMM's dequant function, DQ, and the order of its columns, XRUN: the type's
-    float16 function for float16 x, where it has one (registry.py), else the float32 one."""
-    if float16 and fmt.dequant_f16 is not None:
+def gemm_dequant(fmt: Format, float16: bool, bm: int) -> dict:
+    """The fused GEMM's dequant function, DQ, and the order of its columns, XRUN, for its
+    BM-row tile: the type's float16 function for float16 x, where it has one (registry.py)
+    and it pays at this BM (configs.f16_dequant), else the float32 one."""
+    if float16 and fmt.dequant_f16 is not None and configs.f16_dequant(fmt.name, bm):
         return {"DQ": fmt.dequant_f16, "XRUN": fmt.f16_nibble_run}
     return {"DQ": fmt.dequant, "XRUN": 0}
 
@@ -184,7 +185,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         gemm_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
                           IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
-                          **gemm_dequant(fmt, x.dtype == torch.float16),
+                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]),
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
 
@@ -318,7 +319,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
-                          **gemm_dequant(fmt, x.dtype == torch.float16), num_warps=cfg["num_warps"],
+                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]), num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"])
     return out.reshape(t, top, n)
 

@@ -73,6 +73,61 @@ def small_int_f16(q, OFFSET: tl.constexpr):
     return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - (1024.0 + OFFSET)
 
 
+# --- nibbles to float16 a word at a time (the fused GEMM's float16 dequant functions) -----
+#
+# Unpacking byte by byte costs a PRMT per byte to widen it to 16 bits, and more to pair the
+# halves for the MMA: in the SASS of the BM = 16 tile that was most of what Q4_0 issued
+# (49 PRMT and 38 IMAD for 32 weights a thread, against 64 instructions of arithmetic). A
+# 32-bit word holds two float16 halves, so two nibbles go under float16's exponent of 1024 at
+# once (Marlin's and FasterTransformer's trick): with the word's middle bytes swapped (one
+# PRMT), (word >> s) & 0x000F000F | 0x64006400 is 1024 + a nibble of two neighbouring bytes
+# in one register, for s = 0, 8 (low nibbles) and 4, 12 (high ones): one shift and one LOP3
+# for two weights, already paired as the MMA takes them.
+
+# prmt.b32 with selector 0x3120: bytes [b0, b1, b2, b3] -> [b0, b2, b1, b3]
+SWAP_MIDDLE_BYTES_PTX = tl.constexpr("prmt.b32 $0, $1, 0, 0x3120;")
+# a word as its two float16 halves (a register pair for ptxas; no instruction)
+F16_HALVES_PTX = tl.constexpr("mov.b32 {$0, $1}, $2;")
+
+
+@triton.jit
+def swap_middle_bytes(w):
+    """int32 words with their bytes [b0, b1, b2, b3] -> [b0, b2, b1, b3]: one PRMT."""
+    if INTERPRETED:
+        return (w & -16776961) | ((w & 0x0000FF00) << 8) | ((w >> 8) & 0x0000FF00)
+    else:
+        return tl.inline_asm_elementwise(SWAP_MIDDLE_BYTES_PTX, "=r,r", [w], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def f16_halves(v):
+    """int32 [...] holding two float16 bit patterns -> float16 [..., 2]: the low half, then
+    the high one."""
+    if INTERPRETED:
+        lo = (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        hi = ((v >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        lo, hi = tl.inline_asm_elementwise(F16_HALVES_PTX, "=h,=h,r", [v],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def nibbles_f16(w, RUN: tl.constexpr, Z):
+    """int32 [R, n] (the words of n * 4 bytes of nibbles, read as runs of RUN words) ->
+    float16 [R, 8n], 1024 + each nibble, exactly, in ggml's order: per run, every byte's low
+    nibble, then every high one. Z: opaque_zero (keeps the two masks in registers)."""
+    R: tl.constexpr = w.shape[0]
+    n: tl.constexpr = w.shape[1]
+    t = swap_middle_bytes(w)[:, :, None, None]
+    high = tl.arange(0, 2)[None, None, :, None]  # low or high nibbles
+    pair = tl.arange(0, 2)[None, None, None, :]  # bytes 0, 1 or 2, 3 of the word
+    v = (t >> (4 * high + 8 * pair)) & (0x000F000F + Z) | (0x64006400 + Z)
+    q = tl.reshape(f16_halves(v), (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
+    return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
+
+
 @triton.jit
 def nibbles(b):
     """uint8 [R, n] -> [R, 2n]: every byte's low nibble, then every high one (ggml's order)."""

@@ -9,8 +9,10 @@ from .fields import (
     dot4_2bit,
     field_bytes,
     field_f16,
+    field_run,
     mac4,
     mac_nibbles,
+    nibbles_f16,
     opaque_zero,
     row_word,
     scale_f16,
@@ -312,7 +314,24 @@ def scaled_minus_min(P0, P1, P2, j, rows, mask, N, q):
     return q.to(tl.float32) * per_weight(dl, 32) - per_weight(ml, 32)
 
 
-@register("Q4_K", 256, ("d", "dmin", "scales", "qs"), dot=q4_k_dot, dot_parts=(1, 2, 4))
+@triton.jit
+def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """Q4_K for the fused GEMM with float16 x: the nibbles unpacked a word at a time
+    (fields.nibbles_f16, ggml's order: 4 runs of 32 bytes, low nibbles sub-block 2g, high
+    ones 2g + 1), d * scale and dmin * min rounded to float16 once per sub-block, then one
+    HFMA a weight pair: three roundings where the float32 function and a conversion round
+    once (tests/test_kernels.py holds the bound)."""
+    R: tl.constexpr = rows.shape[0]
+    w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)
+    q = tl.reshape(nibbles_f16(w, 8, opaque_zero(N)) - 1024.0, (R, 8, 32))
+    sc, mn = scales_mins(P2, j, rows, mask, N)
+    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
+    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
+    return tl.reshape(q * dl[:, :, None] - ml[:, :, None], (R, 256))
+
+
+@register("Q4_K", 256, ("d", "dmin", "scales", "qs"), dot=q4_k_dot, dot_parts=(1, 2, 4),
+          dequant_f16=q4_k_f16)
 @triton.jit
 def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P3, j, rows, mask, N, 128), 4, 4)

@@ -7,11 +7,13 @@ from .fields import (
     field_bytes,
     field_f16,
     field_h,
+    field_run,
     field_word,
     mac4,
     mac_bytes,
     mac_nibbles,
     nibbles,
+    nibbles_f16,
     opaque_zero,
     row_word,
     scale_f16,
@@ -44,8 +46,17 @@ def q4_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
+def nibbles_f16_block(P, j, rows, mask, N):
+    """A 16-byte field of nibbles as 1024 + each nibble, float16 [R, 32] in ggml's order,
+    unpacked a word at a time (fields.nibbles_f16)."""
+    w = field_run(P, j, rows, mask, N, 4, 0, 4, tl.int32)
+    return nibbles_f16(w, 4, opaque_zero(N))
+
+
+@triton.jit
 def q4_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return field_h(P0, j, rows, mask, N) * small_int_f16(nibbles(field_bytes(P1, j, rows, mask, N, 16)), 8)
+    # (1024 + q) - 1032 = q - 8 exactly, then one rounding: the float32 weight's
+    return field_h(P0, j, rows, mask, N) * (nibbles_f16_block(P1, j, rows, mask, N) - 1032.0)
 
 
 @register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot, dequant_f16=q4_0_f16)
@@ -73,7 +84,7 @@ def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 @triton.jit
 def q4_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = small_int_f16(nibbles(field_bytes(P2, j, rows, mask, N, 16)), 0)
+    q = nibbles_f16_block(P2, j, rows, mask, N) - 1024.0
     return field_h(P0, j, rows, mask, N) * q + field_h(P1, j, rows, mask, N)
 
 

@@ -59,6 +59,12 @@ def run(ptx: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if instr.startswith(".reg"):
             continue
         op, operands = instr.split(None, 1)
+        if op == "mov.b32" and operands.startswith("{"):  # a word into its two halves
+            pair, src = operands.split("}")
+            lo, hi = (d.strip() for d in pair.strip("{ ").split(","))
+            word = _value(src.strip(" ,"), regs, n)
+            regs[lo], regs[hi] = word & U32(0xFFFF), word >> U32(16)
+            continue
         dst, *srcs = [s.strip() for s in operands.split(",")]
         v = [_value(s, regs, n) for s in srcs]
         if op == "mov.b32":

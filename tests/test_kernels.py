@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 from ggml_blocks import as_q8_0, random_blocks
-from gguf_repack_kernels.fields import tile_columns
+from gguf_repack_kernels.fields import nibbles_f16, tile_columns
 
 from gguf_repack.format.layout import pack
 from gguf_repack.format.type_table import TYPES_BY_NAME
@@ -277,6 +277,44 @@ def test_real_model_tensors_through_the_triton_backend(model_name, converted):
         assert ((w.matmul(x, backend="triton") - ref).abs().max() / ref.abs().max()) <= 1e-4
 
 
+def test_word_nibbles_ptx_pairs_neighbouring_bytes():
+    """fields.nibbles_f16's inline PTX (what a GPU runs; the interpreter has a plain-integer
+    twin), run by tests/ptx_emulator.py on random words: the PRMT swaps a word's middle bytes
+    (so that a 16-bit half holds bytes 0, 1 and the other 2, 3) and the MOV splits a word
+    into its float16 halves, the low one first, as the twin does."""
+    from gguf_repack_kernels.fields import F16_HALVES_PTX, SWAP_MIDDLE_BYTES_PTX
+    from ptx_emulator import run
+
+    words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    b = [(words >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
+    swapped = run(SWAP_MIDDLE_BYTES_PTX.value, {"$1": words})["$0"]
+    assert np.array_equal(swapped, b[0] | b[2] << 8 | b[1] << 16 | b[3] << 24)
+    halves = run(F16_HALVES_PTX.value, {"$2": words})
+    assert np.array_equal(halves["$0"], words & np.uint32(0xFFFF))
+    assert np.array_equal(halves["$1"], words >> np.uint32(16))
+
+
+@triton.jit
+def _nibbles_f16_kernel(W, OUT, R: tl.constexpr, N: tl.constexpr, RUN: tl.constexpr):
+    w = tl.load(W + tl.arange(0, R)[:, None] * N + tl.arange(0, N)[None, :])
+    q = nibbles_f16(w, RUN, 0)
+    tl.store(OUT + tl.arange(0, R)[:, None] * (8 * N) + tl.arange(0, 8 * N)[None, :], q)
+
+
+@pytest.mark.parametrize("n, run", [(4, 4), (32, 8)])
+def test_nibbles_f16_is_1024_plus_each_nibble_in_ggml_order(n, run, rng):
+    """fields.nibbles_f16 (Q4_0's and Q4_1's 16 bytes, Q4_K's 4 runs of 32), in the
+    interpreter: 1024 + each nibble, per run of bytes every low nibble, then every high one
+    (gguf-py's order), against numpy on the bytes."""
+    r = 16
+    raw = rng.integers(0, 256, (r, 4 * n), dtype=np.uint8)
+    runs = raw.reshape(r, n // run, 4 * run)
+    expected = np.concatenate([runs & 15, runs >> 4], axis=2).reshape(r, 8 * n) + 1024.0
+    got = torch.empty(r, 8 * n, dtype=torch.float16)
+    _nibbles_f16_kernel[(1,)](torch.from_numpy(raw.view(np.int32).copy()), got, R=r, N=n, RUN=run)
+    assert np.array_equal(got.numpy().astype(np.float64), expected)
+
+
 @pytest.mark.parametrize("table", ["IQ4_NL kvalues", "E2M1 doubled"])
 def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
     """fields.lookup16's inline PTX, float32 and float16 (what a GPU runs; the interpreter reads
@@ -357,7 +395,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
-    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4"} == {
+    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K"} == {
         n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
@@ -379,6 +417,14 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
     elif name == "IQ4_XS":
         assert ((got.float() - exact).abs() <= eps * exact.abs() + 2 ** -24).all()
+    elif name == "Q4_K":
+        # (d * scale) and (dmin * min) rounded to float16 once a sub-block, then one HFMA:
+        # within a rounding of each term and one of the result (d * scale * q, from the
+        # planes with dmin zeroed; the min's term is what it leaves of the weight)
+        no_min = {**planes, "dmin": torch.zeros_like(planes["dmin"])}
+        scaled = dequantize_planes(no_min, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
+        bound = eps * (scaled.abs() + (scaled - exact).abs() + exact.abs()) + 2 ** -24
+        assert ((got.float() - exact).abs() <= bound).all()
     else:
         m = planes["m"].float()[..., 0].T.repeat_interleave(qtype.block_size, dim=1)  # [N, K]
         bound = eps * ((exact - m).abs() + exact.abs()) + 2 ** -24

@@ -151,6 +151,22 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
     assert all("IDP" not in rows[n]["loop_opcodes"] for n in rows if n not in int8_types)
 
 
+# Batched decode (issue #31): the fused GEMM's BM = 16 tile, which configs.MATMUL_RULE takes
+# at M = 2-16 for these types, with float16 x on sm_90: the fraction of the bytes' bound its
+# issue allows, from the same SASS. Their float16 dequant functions unpack nibbles a word at a
+# time (fields.nibbles_f16): Q4_0 0.62 -> 0.92, Q4_1 0.53 (float32) -> 0.94, Q4_K 0.45 -> 0.79
+# (BENCHMARKS.md, "Paths by M").
+GEMM_M16_FLOORS = {"Q4_0": 0.9, "Q4_1": 0.9, "Q4_K": 0.75}
+
+
+def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
+    rows = {r["type"]: r for r in ptx_rows if r["family"] == "gemm_m16" and r["arch"] == 90}
+    for name, floor in GEMM_M16_FLOORS.items():
+        r = rows[name]
+        assert r["config"]["BM"] == 16 and r["spills"] == 0, r
+        assert r["bandwidth_bound"] >= floor, (name, r["bandwidth_bound"], r["loop_opcodes"])
+
+
 def test_decode_gemv_leaves_room_for_four_programs_per_sm(ptx_rows):
     rows = decode_rows(ptx_rows)
     for name in MAIN_TYPES:
