@@ -319,8 +319,8 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
-                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]), num_warps=cfg["num_warps"],
-                          num_stages=cfg["num_stages"])
+                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]),
+                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.reshape(t, top, n)
 
 
