@@ -120,7 +120,8 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
         out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
         return gemm_kernel, {**common, "OUT": out}, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            **gemm_dequant(fmt, act == "fp16", cfg["BM"]), "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"]
+            **gemm_dequant(fmt, act == "fp16"), "SPLIT_K": cfg["SPLIT_K"],
+            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act)}, cfg, cfg["BN"]
     if family in ("moe_m16", "moe_m32", "moe_m64"):
         cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
@@ -128,7 +129,8 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
         return moe_gemm_kernel, sig, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            **gemm_dequant(fmt, act == "fp16", cfg["BM"])}, cfg, cfg["BN"]
+            **gemm_dequant(fmt, act == "fp16"),
+            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act)}, cfg, cfg["BN"]
     raise ValueError(family)
 
 

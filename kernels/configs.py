@@ -145,26 +145,104 @@ MATMUL_RULE: dict[str, tuple] = {
     'IQ1_M': ((3, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'IQ1_S': ((6, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'IQ2_S': ((2, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'IQ2_XS': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'IQ2_XXS': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ2_XS': (
+        (2, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (64, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'IQ2_XXS': (
+        (2, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (64, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
     'IQ3_S': ((2, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'IQ3_XXS': ((3, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'IQ4_NL': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'IQ4_XS': ((1, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'MXFP4': ((1, 'gemv'), (32, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'NVFP4': ((1, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q2_K': ((6, 'gemv'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q3_K': ((4, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q4_0': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q4_1': ((1, 'gemv'), (32, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q4_K': ((1, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q5_0': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q5_1': ((2, 'gemv'), (16, 'gemm_bm16'), (32, 'gemm_bm32'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q5_K': ((2, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q6_K': ((2, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ3_XXS': (
+        (3, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (64, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'IQ4_NL': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'IQ4_XS': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (192, 'dequantize+matmul'),
+        (256, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'MXFP4': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'NVFP4': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'Q2_K': ((6, 'gemv'), (32, 'gemm_bm32'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q3_K': ((4, 'gemv'), (32, 'gemm_bm32'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q4_0': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (192, 'dequantize+matmul'),
+        (256, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'Q4_1': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (192, 'dequantize+matmul'),
+        (256, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'Q4_K': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (384, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'Q5_0': (
+        (2, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'Q5_1': (
+        (2, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (128, 'gemm_bm64'),
+        (None, 'dequantize+matmul'),
+    ),
+    'Q5_K': ((2, 'gemv'), (32, 'gemm_bm32'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'Q6_K': ((2, 'gemv'), (32, 'gemm_bm32'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'Q8_0': ((1, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'TQ1_0': ((3, 'gemv'), (16, 'gemm_bm16'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'TQ2_0': ((8, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'TQ1_0': ((3, 'gemv'), (32, 'gemm_bm32'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'TQ2_0': ((6, 'gemv'), (32, 'gemm_bm32'), (384, 'gemm_bm64'), (None, 'dequantize+matmul')),
 }
 # END estimate_paths --write-configs
 
@@ -217,22 +295,6 @@ def embedding_config(block_size: int) -> dict:
 # (Q8_0: 5 at BN = 128; IQ3_XXS at 64)
 GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
 
-# The tile BMs at which the fused GEMM takes a type's float16 dequant function for float16 x
-# (registry.py; elsewhere its float32 one), where it is not every BM. At BM = 16 and 32 the
-# dot operand is the dequantized weight in registers, and the float16 function issues half
-# or less; at BM = 64 the tile goes through shared memory to the wgmma, and the float32 one
-# issues less (sm_90 SASS, loop instructions at BM = 16 / 32 / 64, float16 against float32:
-# Q4_0 136/329, 96/193, 170/112; Q4_1 148/265, 106/158, 202/125; Q4_K 769/1115, 721/1029,
-# 1109/614).
-F16_DEQUANT_BMS = dict.fromkeys(["Q4_0", "Q4_1", "Q4_K"], (16, 32))
-
-
-def f16_dequant(type_name: str, bm: int) -> bool:
-    """Whether the fused GEMM's BM-row tile takes the type's float16 dequant function for
-    float16 x (where it has one)."""
-    return bm in F16_DEQUANT_BMS.get(type_name, (16, 32, 64))
-
-
 # BN of the BM = 16 tile with float16 x where the type's float16 dequant function takes a
 # wider one than the float32 function can (sm_90 SASS: Q4_K 769 loop instructions for
 # 16 x 64 x 256, 1271 for 16 x 128, 0.65 -> 0.79 of the bytes' bound, 192 registers, no
@@ -240,11 +302,26 @@ def f16_dequant(type_name: str, bm: int) -> bool:
 GEMM_M16_BN_F16 = {"Q4_K": 128}
 
 
+# The types whose BM = 32 and 64 tiles, with float16 or bfloat16 x, take the weight tile as
+# the MMA's A operand (gemm.py, "swap AB"), at BN = 64: their dequantized weights reach the
+# wgmma from registers (sm_90 SASS, fp16 x, the fraction of the bytes' bound its issue allows
+# per tile, BENCHMARKS.md "Swap AB"). Not for float32 x: its IEEE dot runs on FMAs, and the
+# swapped 64 x 64 tile spills (Q4_K: 14,240 bytes).
+SWAP_AB_TYPES = frozenset(["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1",
+                           "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0"])
+
+
+def swap_ab(type_name: str, bm: int, dtype) -> bool:
+    """Whether the BM-row tile for x of `dtype` multiplies w @ x.T (see above)."""
+    return bm >= 32 and type_name in SWAP_AB_TYPES and act_name(dtype) != "fp32"
+
+
 def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
     """The default BN of the fused GEMM's (and the expert GEMM's) BM-row tile for x of
-    `dtype`: 32 from BM = 32 on; at BM = 16 wider, by block size and type (see above)."""
+    `dtype`: from BM = 32 on 32, or 64 where the tile is swapped (swap_ab); at BM = 16
+    wider, by block size and type (see above)."""
     if bm != 16:
-        return 32
+        return 64 if swap_ab(type_name, bm, dtype) else 32
     if act_name(dtype) == "fp16" and type_name in GEMM_M16_BN_F16:
         return GEMM_M16_BN_F16[type_name]
     return GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128)

@@ -122,11 +122,10 @@ def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
     return torch.empty(m, n, device=x.device, dtype=x.dtype)
 
 
-def gemm_dequant(fmt: Format, float16: bool, bm: int) -> dict:
-    """The fused GEMM's dequant function, DQ, and the order of its columns, XRUN, for its
-    BM-row tile: the type's float16 function for float16 x, where it has one (registry.py)
-    and it pays at this BM (configs.f16_dequant), else the float32 one."""
-    if float16 and fmt.dequant_f16 is not None and configs.f16_dequant(fmt.name, bm):
+def gemm_dequant(fmt: Format, float16: bool) -> dict:
+    """The fused GEMM's dequant function, DQ, and the order of its columns, XRUN: the type's
+    float16 function for float16 x, where it has one (registry.py), else the float32 one."""
+    if float16 and fmt.dequant_f16 is not None:
         return {"DQ": fmt.dequant_f16, "XRUN": fmt.f16_nibble_run}
     return {"DQ": fmt.dequant, "XRUN": 0}
 
@@ -185,7 +184,8 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         gemm_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
                           IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
-                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]),
+                          **gemm_dequant(fmt, x.dtype == torch.float16),
+                          SWAP=configs.swap_ab(type_name, cfg["BM"], x.dtype),
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
 
@@ -319,7 +319,8 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
-                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]),
+                          **gemm_dequant(fmt, x.dtype == torch.float16),
+                          SWAP=configs.swap_ab(fmt.name, cfg["BM"], x.dtype),
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.reshape(t, top, n)
 

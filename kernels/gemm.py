@@ -2,6 +2,13 @@
 float32 accumulation. fp16/bf16 activations use the tensor cores in their dtype; float32
 ones are multiplied in full float32 (IEEE), as the torch backend does.
 
+Two orientations (configs.swap_ab, by BM). At BM = 16 x is the MMA's A operand and the
+weight tile its B (out = x @ w.T). From BM = 32 on the weight tile is the A operand and x the
+B (out.T = w @ x.T, "swap AB" as Marlin and Machete do at small batch): on sm_90 a wgmma takes
+A from registers, so the dequantized weights go from the dequant function to the tensor cores
+without a trip through shared memory, at the full HGMMA rate, its 64-row side filled by the
+weight tile whatever the batch (estimated from the sm_90 SASS: BENCHMARKS.md, "Paths by M").
+
 With SPLIT_K > 1, program (., ., s) takes block columns s, s + SPLIT_K, ... and adds its
 partial sums atomically into a float32 output: at small M there are too few tiles to give
 every SM two programs, and only two or more programs on an SM let one's MMA run while
@@ -13,31 +20,56 @@ import triton.language as tl
 from .fields import tile_columns
 
 
+@triton.jit
+def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr):
+    """acc + x [BM, BLOCK] times the dequantized weight tile w [BN, BLOCK]: acc is [BM, BN],
+    or with SWAP [BN, BM] (the weight tile as the MMA's A operand)."""
+    if SWAP:
+        if IEEE:
+            acc = tl.dot(w, tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
+    else:
+        if IEEE:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w).to(x.dtype), acc)
+    return acc
+
+
+@triton.jit
+def tile_result(acc, SWAP: tl.constexpr):
+    """The [BM, BN] result of a tile's accumulator (tile_product's orientation)."""
+    if SWAP:
+        acc = tl.trans(acc)
+    return acc
+
+
 # The batch size only masks rows: one compiled variant serves every value of it.
 @triton.jit(do_not_specialize=["M"])
 def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om,
                 BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
-                XRUN: tl.constexpr = 0):
+                XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False):
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
     cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     # a for loop from 0 (Triton pipelines it; Triton 3.6's interpreter cannot start a range
     # at a program id); SPLIT_K divides B (configs.gemm_config)
     for i in range(0, B // SPLIT_K):
         j = tl.program_id(2) + i * SPLIT_K
-        w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK] float32
+        w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
         x = tl.load(X + ms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
                     mask=(ms < M)[:, None], other=0.0)
-        if IEEE:
-            acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w).to(x.dtype), acc)
+        acc = tile_product(acc, x, w, IEEE, SWAP)
     out = OUT + ms[:, None].to(tl.int64) * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:
-        tl.store(out, acc.to(OUT.dtype.element_ty), mask=out_mask)
+        tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=out_mask)
     else:
-        tl.atomic_add(out, acc, mask=out_mask)
+        tl.atomic_add(out, tile_result(acc, SWAP), mask=out_mask)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .fields import tile_columns
+from .gemm import tile_product, tile_result
 from .gemv import gemv_dot_row
 
 
@@ -39,7 +40,8 @@ def moe_gemv_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, XF, XS, PAIR_
 def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OUT_ROWS,
                     TILE_EXPERT, OUT, N, B, stride_xm, stride_om,
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0):
+                    IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
+                    SWAP: tl.constexpr = False):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert
@@ -54,14 +56,14 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     mask = rows < N
     cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
     p0, p1, p2, p3, p4 = P0 + e * S0, P1 + e * S1, P2 + e * S2, P3 + e * S3, P4 + e * S4
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SWAP:  # the weight tile as the MMA's A operand (gemm.py, configs.swap_ab)
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     for j in range(0, B):
         w = DQ(p0, p1, p2, p3, p4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
         x = tl.load(X + x_rows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
                     mask=live[:, None], other=0.0)
-        if IEEE:
-            acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w).to(x.dtype), acc)
+        acc = tile_product(acc, x, w, IEEE, SWAP)
     out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
-    tl.store(out, acc.to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
+    tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])

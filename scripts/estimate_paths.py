@@ -123,7 +123,10 @@ def write_configs(rules: dict[str, tuple]) -> None:
     merged = {**configs.MATMUL_RULE, **rules}
     lines = ["MATMUL_RULE: dict[str, tuple] = {\n"]
     for name in sorted(merged):
-        lines.append(f"    {name!r}: {merged[name]!r},\n")
+        line = f"    {name!r}: {merged[name]!r},\n"
+        if len(line) > 110:  # the project's line length: a (largest M, choice) pair a line
+            line = f"    {name!r}: (\n" + "".join(f"        {p!r},\n" for p in merged[name]) + "    ),\n"
+        lines.append(line)
     lines.append("}\n")
     CONFIGS.write_text(text[:start] + "".join(lines) + text[end:])
 

@@ -90,6 +90,27 @@ def test_matmul_and_embedding(name, k_blocks, batches, rng):
     assert torch.equal(kernels.embedding(ids, planes, name, (n, k), torch.bfloat16), dense[ids].bfloat16())
 
 
+@pytest.mark.parametrize("name", sorted(kernels.configs.SWAP_AB_TYPES))
+def test_swapped_tiles_give_the_product(name, rng, monkeypatch):
+    """The BM = 32 and 64 tiles that take the weight tile as the MMA's A operand (gemm.py,
+    configs.swap_ab: float16 and bfloat16 x), each forced at a few rows: the same product
+    within float tolerance, x's padding rows masked, N not a multiple of the tile."""
+    qtype = TYPES_BY_NAME[name]
+    n, k = 37, 2 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    monkeypatch.setattr(kernels.dispatch, "matmul_path", lambda type_name, m: "gemm")
+    x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32)) / dense.abs().max()
+    for bm in (32, 64):
+        for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 2e-2)):
+            assert kernels.configs.swap_ab(name, bm, dtype)
+            xd = x.to(dtype)
+            ref = gemv_x(name, xd) @ dense.T
+            got = kernels.matmul(xd, planes, name, (n, k), tile={"BM": bm})
+            assert got.dtype == dtype
+            assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= tol, (name, bm, dtype)
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "IQ4_XS", "NVFP4"])
 def test_matmul_with_split_k_as_on_a_gpu(name, rng, monkeypatch):
     """On a GPU of 132 SMs the GEMV and the GEMM split K over programs that add their partial

@@ -25,6 +25,8 @@ def default_tile(name, bm, act="fp16"):
     bn = configs.GEMM_M16_BN.get(name, 64 if block >= 256 else 128) if bm == 16 else 32
     if bm == 16 and act == "fp16" and name in configs.GEMM_M16_BN_F16:  # float16 x's wider tile
         bn = configs.GEMM_M16_BN_F16[name]
+    if bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES:  # the weight tile as A
+        bn = 64
     return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}
 
 
@@ -123,8 +125,8 @@ def test_tuned_tiles_apply_to_their_device_and_dtype_only(tmp_path, monkeypatch)
     assert configs.tuned(sm86, torch.float16) == {}
     assert configs.gemm_config("Q4_0", 32, 64, N, 128, sm86, torch.float32)["num_warps"] == 8
     assert configs.gemm_config("Q4_0", 32, 64, N, 128, sm86, torch.float16)["num_warps"] == 4
-    assert configs.gemm_config("Q4_K", 256, 64, N, 16, h100, "fp16")["BN"] == 64
-    assert configs.gemm_config("Q4_K", 256, 64, N, 16, h100, "bf16")["BN"] == 32
+    assert configs.gemm_config("Q4_K", 256, 64, N, 16, h100, "fp16")["num_warps"] == 8
+    assert configs.gemm_config("Q4_K", 256, 64, N, 16, h100, "bf16")["num_warps"] == 4
     # a tuned tile that does not fit this GPU is not used: the default, fitted
     cfg = configs.gemm_config("Q4_K", 256, 64, N, 16, sm86, torch.float32)
     assert cfg == configs.gemm_config("Q4_K", 256, 64, N, 16, SMALL, torch.float32)
