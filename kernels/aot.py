@@ -41,19 +41,21 @@ from .registry import FORMATS
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
 # Every kernel the dispatcher launches, as it would launch it: gemv, the GEMV at M = 1
 # (decode), gemv_m8 at M = 8 (the default rule's largest GEMV), both the type's dot function;
-# the fused GEMM's three tiles, gemm_m16 (BM = 16, at M = 16), gemm_m32 (BM = 32, at 32) and
-# gemm (BM = 64, at 128); dequantize (then torch.matmul); embedding (which M takes which
+# the fused GEMM's four tiles, gemm_m16 (BM = 16, at M = 16), gemm_m32 (BM = 32, at 32),
+# gemm (BM = 64, at 128) and gemm_m128 (the swapped BM = 128, at 128: configs.swap_ab, BM = 64
+# for the other types); dequantize (then torch.matmul); embedding (which M takes which
 # path and tile: configs.matmul_choice);
 # moe_gemv, the expert products at decode (a GEMV a routed token), and the expert GEMM's
 # tiles moe_m16, moe_m32, moe_m64 (by the rows an expert gets)
-FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "gemm_m32", "moe_gemv", "moe_m16",
-            "moe_m32", "moe_m64", "embedding")
+FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "gemm_m32", "gemm_m128", "moe_gemv",
+            "moe_m16", "moe_m32", "moe_m64", "embedding")
 # the tl.dot families: the ones whose shared memory grows with the tile (configs.py)
-DOT_FAMILIES = ("gemm_m16", "gemm_m32", "gemm", "moe_m16", "moe_m32", "moe_m64")
+DOT_FAMILIES = ("gemm_m16", "gemm_m32", "gemm", "gemm_m128", "moe_m16", "moe_m32", "moe_m64")
 # what inspect_kernels.py compiles unless told: the expert families are the dense ones with an
 # expert's offset (tests/test_kernels_ptx.py compiles moe_gemv apart, for a few types);
 # gemm_m32 is the BM = 64 tile's kernel at half its rows
-DEFAULT_FAMILIES = tuple(f for f in FAMILIES if not f.startswith("moe_") and f != "gemm_m32")
+DEFAULT_FAMILIES = tuple(f for f in FAMILIES if not f.startswith("moe_")
+                         and f not in ("gemm_m32", "gemm_m128"))
 
 H200_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)
 ISSUE_PER_SM_CYCLE = 4
@@ -70,9 +72,11 @@ def device(capability: int) -> configs.Device:
 
 
 # the M (or rows an expert) each tile family is compiled at
-GEMM_M = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 128, "moe_m16": 16, "moe_m32": 32, "moe_m64": 64}
-# the dense families' tile BM (whatever the rule takes at their M)
-GEMM_BM = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 64}
+GEMM_M = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 128, "gemm_m128": 128, "moe_m16": 16,
+          "moe_m32": 32, "moe_m64": 64}
+# the dense families' tile BM (whatever the rule takes at their M; BM = 128 is BM = 64 where
+# the tile is not swapped: configs.gemm_config)
+GEMM_BM = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 64, "gemm_m128": 128}
 
 
 def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None):
@@ -114,7 +118,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
             cfg["BN"] / cfg["PARTS"] / m
-    if family in ("gemm", "gemm_m16", "gemm_m32"):
+    if family in GEMM_BM:
         cfg = configs.gemm_config(fmt.name, block_size, m or GEMM_M[family], n, k // block_size, dev, act,
                                   bm=GEMM_BM[family])
         out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
@@ -368,7 +372,7 @@ def loop_mma_flops(sass: str, num_warps: int) -> tuple[int, float]:
 
 # What x @ W.T can take at M rows (configs.matmul_choice names them): the GEMV, the fused
 # GEMM's three tiles, or the weight dequantized, then torch.matmul
-CHOICES = ("gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64", "dequantize+matmul")
+CHOICES = ("gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64", "gemm_bm128", "dequantize+matmul")
 # the M the per-M table is estimated at (scripts/estimate_paths.py)
 PATH_MS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -382,20 +386,21 @@ def _issue_seconds(programs: int, iterations: int, loop_instructions: int, num_w
 
 def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
                           gemm_rows: dict[int, dict], gemv_row: dict | None = None,
-                          ms=(16, 128, 2048)) -> list[dict]:
-    """Estimated time of x @ W.T for SHAPE on an H200 at each M of `ms` by every path there is
+                          ms=(16, 128, 2048), shape=SHAPE) -> list[dict]:
+    """Estimated time of x @ W.T for `shape` (N, K) on an H200 at each M of `ms` by every path there is
     a compile for, against an fp16 matmul (the same product with an fp16 weight) and the
     ideal (the same with the quantized weight's bytes), in seconds; the model of issue #31:
     - a kernel's issue: programs on the busiest SM x loop iterations x the loop's warp-
       instructions / 4 an SM-cycle (`_issue_seconds`);
     - fused GEMM (`gemm_rows` by BM, or by (BM, SPLIT_K) where compiled at each split K, which
-      is a constexpr of the loop: sass_summary + gemm_summary + "config" of its compile): at
+      is a constexpr of the loop, else any of that BM's, whose loops differ by an instruction
+      or so: sass_summary + gemm_summary + "config" of its compile): at
       each tile BM, its config at that M (configs.gemm_config with that BM on the sm_90
       record: BN, split K), ceil(M/BM) x ceil(N/BN) x SPLIT_K programs of K/BLOCK/SPLIT_K
       iterations; time = max(issue, tensor (the same programs x iterations x the loop's MMA
       FLOPs / the per-SM peak: HGMMA at the dense fp16 peak, HMMA at half), the quantized
       weight's bytes once / bandwidth);
-    - GEMV (`gemv_row`, its M = 1 compile and config): a program per row of x, each
+    - GEMV (`gemv_row`, its M = 1 compile; its config for `shape`): a program per row of x, each
       dequantizing the whole weight: M x the M = 1 issue, at least the bytes once;
     - dequantize+matmul: the dequantize kernel (the larger of its issue and its bytes:
       quantized read, fp16 written) + the fp16 matmul;
@@ -403,12 +408,17 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
       quantized weight's bytes.
     Estimates, not timings: latency, L2, launch overheads, x's and the output's bytes, split
     K's atomics, the GEMVs' x preparation and cuBLAS's own efficiency are not in them.
+    "times_serial" / "best_serial" / "speedup_serial": the same with a fused tile's issue and
+    tensor time added, not overlapped (its MMA waited for within the iteration, as the SASS
+    of the swapped tiles does, and one program an SM at BM = 128): the conservative model the
+    rule is chosen by (scripts/estimate_paths.py), so that an MMA-bound fused tile is not
+    taken for a free one at prefill sizes.
     Each row: "times" (seconds by choice, configs.CHOICES' names), "best", "dispatched" (the
     path matmul_path takes today) and its "tile", "speedup" over fp16 and "fraction_of_ideal"
     of the dispatched choice; also the older measures (fused GEMM at the dispatched or BM-by-M
     tile and dequantize+matmul as fractions of fp16, the break-even M of BM = 64 against
     dequantize+matmul)."""
-    n, k = SHAPE
+    n, k = shape
     block = FORMATS[type_name].block_size
     n_blocks = k // block
     weight_bytes = n * k // block * type_size
@@ -426,10 +436,11 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
                                     dequantize_row["loop_instructions"], dq_cfg["num_warps"]),
                      (weight_bytes + 2 * n * k) / H200_BANDWIDTH)
 
-    def fused_gemm(m, bm):
+    def fused_gemm(m, bm, serial=False):
         cfg = configs.gemm_config(type_name, block, m, n, n_blocks, configs.KNOWN_DEVICES[90],
                                   "fp16", bm=bm)
-        g = gemm_rows.get((bm, cfg["SPLIT_K"])) or gemm_rows[bm]
+        g = gemm_rows.get((bm, cfg["SPLIT_K"])) or gemm_rows.get(bm) or next(
+            row for key, row in gemm_rows.items() if isinstance(key, tuple) and key[0] == bm)
         assert (g["bm"], g["bn"]) == (cfg["BM"], cfg["BN"]), (g["tile"], cfg)
         split_k = cfg["SPLIT_K"]
         programs = -(-m // bm) * -(-n // cfg["BN"]) * split_k
@@ -438,18 +449,18 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
         busiest = -(-programs // SMS)
         tensor = busiest * iterations * g["mma_flops_per_iteration"] / (
             per_sm_peak * g["mma_peak_fraction"])
-        return max(issue, tensor, memory)
+        return max(issue + tensor if serial else max(issue, tensor), memory)
 
     bms = sorted({key if isinstance(key, int) else key[0] for key in gemm_rows})
     gemv_issue = None
     if gemv_row is not None:
-        c = gemv_row["config"]
+        c = configs.gemv_dot_config(type_name, 1, n, n_blocks, configs.KNOWN_DEVICES[90], "fp16")
         gemv_issue = _issue_seconds(-(-n // c["BN"]) * c["SPLIT_K"],
                                     -(-n_blocks * c["PARTS"] // c["SPLIT_K"]),
                                     gemv_row["loop_instructions"], c["num_warps"])
 
-    def times(m):
-        t = {f"gemm_bm{bm}": fused_gemm(m, bm) for bm in bms}
+    def times(m, serial=False):
+        t = {f"gemm_bm{bm}": fused_gemm(m, bm, serial) for bm in bms}
         if gemv_issue is not None:
             t = {"gemv": max(m * gemv_issue, memory), **t}
         t["dequantize+matmul"] = dequantize + fp16(m)
@@ -460,15 +471,18 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
                   if 64 in bms else None)
     rows = []
     for m in ms:
-        t = times(m)
+        t, t_serial = times(m), times(m, serial=True)
         choice = configs.matmul_choice(type_name, block, m)
         bm = int(choice[len("gemm_bm"):]) if choice.startswith("gemm_bm") else \
             configs.gemm_bm(type_name, block, m)
         fused = t.get(f"gemm_bm{bm}")
         ref = fp16(m)
-        row = {"type": type_name, "M": m, "fp16_us": ref * 1e6, "ideal_us": ideal(m) * 1e6,
+        row = {"type": type_name, "M": m, "N": n, "K": k, "fp16_us": ref * 1e6,
+               "ideal_us": ideal(m) * 1e6,
                "times_us": {c: v * 1e6 for c, v in t.items()},
                "best": min(t, key=t.get),
+               "times_serial_us": {c: v * 1e6 for c, v in t_serial.items()},
+               "best_serial": min(t_serial, key=t_serial.get),
                "dispatched": "gemm" if choice.startswith("gemm") else choice,
                "tile": choice,
                # the older measures (inspect_kernels.py --sass)
@@ -479,6 +493,7 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
         if choice in t:
             row["speedup"] = ref / t[choice]
             row["fraction_of_ideal"] = ideal(m) / t[choice]
+            row["speedup_serial"] = ref / t_serial[choice]
         rows.append(row)
     return rows
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which path x @ W.T should take at each batch size M, estimated from the SASS (issue #31):
 compiles, ahead of time for sm_90 with fp16 activations (no GPU needed), every kernel family a
-candidate path launches (the GEMV at M = 1, the fused GEMM's BM = 16, 32 and 64 tiles, the
+candidate path launches (the GEMV at M = 1, the fused GEMM's BM = 16, 32, 64 and 128 tiles, the
 dequantize kernel), and tabulates for a 4096 x 4096 weight on an H200 the estimated time of
 each candidate at M = 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, the path
 the dispatcher takes (dispatch.matmul_path, configs.matmul_choice) and its speedup over an
@@ -42,7 +42,8 @@ from gguf_repack_kernels.aot import (  # noqa: E402
 # the types of issue #31's table
 TYPES = ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4")
 # the families the candidates launch, and the BM of the GEMM ones
-FAMILIES = {"gemv": None, "dequantize": None, "gemm_m16": 16, "gemm_m32": 32, "gemm": 64}
+FAMILIES = {"gemv": None, "dequantize": None, "gemm_m16": 16, "gemm_m32": 32, "gemm": 64,
+            "gemm_m128": 128}
 # where the rule is estimated beyond the table's M: on to the prefill sizes
 RULE_MS = PATH_MS + (384, 512, 768, 1024, 2048, 4096)
 CONFIGS = Path(configs.__file__)
@@ -61,15 +62,16 @@ def _compile(task: tuple[str, str, int | None]) -> tuple[str, str, dict]:
     return name, family, row
 
 
-def _tasks(name: str, ms) -> list[tuple[str, str, int | None]]:
+def _tasks(name: str, ms, shapes=(SHAPE,)) -> list[tuple[str, str, int | None]]:
     """The compiles the estimate of `name` needs: the GEMV and dequantize kernels, and each
-    GEMM tile at one M of each split K it takes over `ms` (split K is a constexpr of its
-    loop)."""
+    GEMM tile at one M of each split K it takes over `ms` for the 4096 x 4096 weight (split
+    K is a constexpr of its loop; other shapes take the nearest compile of the tile)."""
     n, k = SHAPE
     block = FORMATS[name].block_size
     tasks = [(name, family, None) for family, bm in FAMILIES.items() if not bm]
     for family, bm in FAMILIES.items():
-        if bm:
+        # BM = 128 is a swapped tile only (configs.swap_ab): elsewhere it is BM = 64's
+        if bm and (bm < 128 or configs.swap_ab(name, bm, "fp16")):
             splits = {}
             for m in ms:
                 cfg = configs.gemm_config(name, block, m, n, k // block, configs.KNOWN_DEVICES[90],
@@ -79,8 +81,9 @@ def _tasks(name: str, ms) -> list[tuple[str, str, int | None]]:
     return tasks
 
 
-def estimate(types, jobs: int, ms=PATH_MS) -> dict[str, list[dict]]:
-    """{type: matmul_path_estimates' rows at each M of `ms`}."""
+def estimate(types, jobs: int, ms=PATH_MS, shapes=(SHAPE,)) -> dict:
+    """{type: matmul_path_estimates' rows at each M of `ms`} for one shape (N, K), or
+    {(N, K): that} for several."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     tasks = [t for name in types for t in _tasks(name, ms)]
@@ -96,17 +99,21 @@ def estimate(types, jobs: int, ms=PATH_MS) -> dict[str, list[dict]]:
         else:
             rows[name, family] = row
     out = {}
-    for name in types:
-        type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
-        out[name] = matmul_path_estimates(name, type_size, rows[name, "dequantize"], gemm[name],
-                                          rows[name, "gemv"], ms)
-    return out
+    for shape in shapes:
+        for name in types:
+            type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
+            out.setdefault(shape, {})[name] = matmul_path_estimates(
+                name, type_size, rows[name, "dequantize"], gemm[name], rows[name, "gemv"], ms,
+                shape)
+    return out[shapes[0]] if len(shapes) == 1 else out
 
 
 def rule(estimates: list[dict]) -> tuple:
-    """(largest M, choice) pairs of the fastest choice at each estimated M, runs merged, the
-    last open-ended (None); the GEMV kept at M = 1 (decode, the engines' CUDA graphs)."""
-    best = [(e["M"], "gemv" if e["M"] == 1 else e["best"]) for e in estimates]
+    """(largest M, choice) pairs of the fastest choice at each estimated M by the conservative
+    model (a fused tile's issue and MMA time added: aot.matmul_path_estimates' "best_serial"),
+    runs merged, the last open-ended (None); the GEMV kept at M = 1 (decode, the engines' CUDA
+    graphs)."""
+    best = [(e["M"], "gemv" if e["M"] == 1 else e["best_serial"]) for e in estimates]
     pairs: list[list] = []
     for m, choice in best:
         if pairs and pairs[-1][1] == choice:

@@ -17,7 +17,8 @@ Writes gpu_check.json and gpu_check.md into --out, in four parts:
    tokens of 2) against plain PyTorch; float32, float16 and bfloat16 x; for Q4_K, Q8_0, MXFP4
    and IQ4_XS, the dense and expert products in bfloat16 captured in CUDA graphs at 1, 8, 64
    and 512 tokens and replayed with other routings (check_graphs); every failure named.
-2. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS (its own
+2. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every M of
+   the batch sweep (inspect_kernels.py --batch-sweep estimates the same; its own
    bench_gpu.json / .md in --out/bench).
 3. tune: scripts/tune_kernels.py for the same six types, 90 s of compiles at most (then it
    starts no new type): each tile kind's candidates (kernels/configs.py) timed against the

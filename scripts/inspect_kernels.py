@@ -21,6 +21,13 @@ byte, the bound that puts on the fraction of an H200's bandwidth reachable at ba
 spills, and the widest global load from each plane. Configurations are those of
 kernels/configs.py for a 4096 x 4096 weight.
 
+--batch-sweep (issue #31) instead tabulates, for each type and each M in 1, 2, 4, 8, 16, 32, 64,
+128, 256, 1024, 2048 and each weight of N x K = 4096 x 4096, 14336 x 4096 and 4096 x 14336,
+the path and tile the dispatcher takes and the estimate of scripts/estimate_paths.py (the
+model of kernels/aot.py: matmul_path_estimates, from the sm_90 SASS; estimates, not GPU
+timings): speedup over an fp16 matmul and fraction of the ideal. `--json` rows: type, M, N,
+K, path, tile, speedup_vs_fp16, fraction_of_ideal.
+
 Run without TRITON_INTERPRET (it is removed here): interpreted kernels cannot be compiled.
 """
 
@@ -150,7 +157,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="compiles in parallel (each is one core's work)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--batch-sweep", action="store_true",
+                    help="the path and its estimate at each M and weight shape (see above)")
     args = ap.parse_args()
+    if args.batch_sweep:
+        return batch_sweep(args.types.split(","), args.jobs, args.json)
     archs = [int(a) for a in args.arch.split(",")]
     acts = args.act.split(",")
     families = (args.families or ",".join(DEFAULT_FAMILIES)).split(",")
@@ -224,6 +235,36 @@ def main() -> None:
                   f"{r['vector_loads']} | {r['scalar_loads']} | {r['mma']} / {r['wgmma']} | "
                   f"{r['registers']} | {r['shared_memory']} / {r['shared_memory_limit'] or '-'} | "
                   f"{r['spills']} |")
+
+
+SWEEP_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048)
+SWEEP_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
+
+
+def batch_sweep(types: list[str], jobs: int, json_path: Path | None) -> None:
+    """The path and tile at each M and shape, with the estimate's speedup over fp16 and
+    fraction of the ideal (estimate_paths.estimate), as markdown and `json_path` rows."""
+    from estimate_paths import estimate
+
+    by_shape = estimate(types, jobs, SWEEP_MS, SWEEP_SHAPES)
+    rows = []
+    for (n, k), estimates in by_shape.items():
+        print(f"\nN x K = {n} x {k}: path (tile), speedup over fp16 / fraction of ideal "
+              "(estimates from the sm_90 SASS, not GPU timings)\n")
+        print("| type | " + " | ".join(f"M={m}" for m in SWEEP_MS) + " |")
+        print("| --- |" + " --- |" * len(SWEEP_MS))
+        for name, ests in estimates.items():
+            cells = []
+            for e in ests:
+                path = "gemm" if e["tile"].startswith("gemm") else e["tile"]
+                rows.append({"type": name, "M": e["M"], "N": n, "K": k, "path": path,
+                             "tile": e["tile"], "speedup_vs_fp16": round(e["speedup"], 3),
+                             "fraction_of_ideal": round(e["fraction_of_ideal"], 3)})
+                tile = e["tile"].replace("gemm_", "").replace("dequantize+matmul", "dq+mm")
+                cells.append(f"{tile} {e['speedup']:.2f}/{e['fraction_of_ideal']:.2f}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def test_matmul_and_embedding(name, k_blocks, batches, rng):
 
 @pytest.mark.parametrize("name", sorted(kernels.configs.SWAP_AB_TYPES))
 def test_swapped_tiles_give_the_product(name, rng, monkeypatch):
-    """The BM = 32 and 64 tiles that take the weight tile as the MMA's A operand (gemm.py,
+    """The BM = 32, 64 and 128 tiles that take the weight tile as the MMA's A operand (gemm.py,
     configs.swap_ab: float16 and bfloat16 x), each forced at a few rows: the same product
     within float tolerance, x's padding rows masked, N not a multiple of the tile."""
     qtype = TYPES_BY_NAME[name]
@@ -101,8 +101,10 @@ def test_swapped_tiles_give_the_product(name, rng, monkeypatch):
     dense = dequantize_planes(planes, qtype)
     monkeypatch.setattr(kernels.dispatch, "matmul_path", lambda type_name, m: "gemm")
     x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32)) / dense.abs().max()
-    for bm in (32, 64):
+    for bm in (32, 64, 128):
         for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 2e-2)):
+            if bm == 128 and name in kernels.configs.BM128_SPILLS:
+                continue
             assert kernels.configs.swap_ab(name, bm, dtype)
             xd = x.to(dtype)
             ref = gemv_x(name, xd) @ dense.T

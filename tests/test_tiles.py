@@ -27,18 +27,22 @@ def default_tile(name, bm, act="fp16"):
         bn = configs.GEMM_M16_BN_F16[name]
     if bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES:  # the weight tile as A
         bn = 64
+    if bm == 128:  # swapped only; two warpgroups for 256-weight blocks
+        bn = 128 if block >= 256 else 64
+        return {"BM": bm, "BN": bn, "num_warps": 8 if bn == 128 else 4, "num_stages": 2}
     return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}
 
 
 def launched(name, device, act):
     """Every tensor-core tile the dispatcher can launch for this type: the dense GEMM's
-    BM = 16, 32 and 64 tiles (at M = BM; configs.matmul_choice picks among them by M) and the
-    expert GEMM at 16, 32 and 64 rows an expert."""
+    BM = 16, 32, 64 and 128 tiles (at M = BM; configs.matmul_choice picks among them by M) and
+    the expert GEMM at 16, 32 and 64 rows an expert."""
     block = kernels.FORMATS[name].block_size
-    for m in (16, 32, 64):
+    for m in (16, 32, 64, 128):
         cfg = configs.gemm_config(name, block, m, N, K // block, device, act, bm=m)
         yield "gemm", m, {k: v for k, v in cfg.items() if k != "SPLIT_K"}
-        yield "moe", m, configs.moe_config(name, block, m, device, act)
+        if m < 128:
+            yield "moe", m, configs.moe_config(name, block, m, device, act)
 
 
 @pytest.mark.parametrize("arch", sorted(configs.KNOWN_DEVICES))
@@ -61,7 +65,9 @@ def test_fp16_at_sm90_keeps_every_present_tile():
     for name in KERNEL_TYPES:
         for act in ("fp16", "bf16"):
             for _, m, cfg in launched(name, configs.KNOWN_DEVICES[90], act):
-                assert cfg == default_tile(name, m, act), (name, act, m, cfg)
+                # BM = 128 is a swapped tile only (configs.swap_ab): BM = 64 elsewhere
+                assert cfg["BM"] == (m if m < 128 or configs.swap_ab(name, m, act) else 64)
+                assert cfg == default_tile(name, cfg["BM"], act), (name, act, m, cfg)
 
 
 def test_a_99_kb_gpu_gets_another_tile_for_float32_q4_k_than_an_h200_for_float16():
@@ -139,7 +145,7 @@ def test_the_estimates_rule_picks_a_path_and_tile_at_every_m():
     per type, increasing M bounds, the last open; the GEMV at M = 1 (decode); and what the
     dispatcher launches at each M is the rule's choice: its path and, for the fused GEMM, a
     tile of the rule's BM."""
-    choices = {"gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64", "dequantize+matmul"}
+    choices = {"gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64", "gemm_bm128", "dequantize+matmul"}
     assert {"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4"} <= set(configs.MATMUL_RULE)
     h200 = configs.KNOWN_DEVICES[90]
     for name, rule in configs.MATMUL_RULE.items():
