@@ -12,7 +12,7 @@ Writes gpu_check.json and gpu_check.md into --out, in four parts:
 
 1. kernels: every type's planes (random valid blocks) on the device; dequantize and embedding
    bit for bit equal to the torch backend on the same device, matmul within tolerance of x @
-   (the torch backend's dense weight).T at M in 0, 1, 3, 8, 16, 33, 256, 2048, and the expert
+   (the torch backend's dense weight).T at M in 0, 1, 3, 8, 16, 24, 33, 100, 256, 2048, and the expert
    products of a 16-expert stack (decode: 1 and 8 tokens of 8 experts each; 256 and 2048
    tokens of 2) against plain PyTorch; float32, float16 and bfloat16 x; for Q4_K, Q8_0, MXFP4
    and IQ4_XS, the dense and expert products in bfloat16 captured in CUDA graphs at 1, 8, 64
@@ -44,7 +44,9 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MS = [0, 1, 3, 8, 16, 33, 256, 2048]
+# every path and tile the rule takes (configs.MATMUL_RULE): the GEMV, BM = 16, 32 (M = 24),
+# 64 (33), the swapped BM = 128 (100), dequantize+matmul; M not a multiple of any tile
+MS = [0, 1, 3, 8, 16, 24, 33, 100, 256, 2048]
 SMOKE_MS = [0, 1, 3, 16]
 
 
