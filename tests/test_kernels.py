@@ -515,6 +515,31 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
     assert empty.shape == (0, 2, n)
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q8_0", "IQ4_XS"])
+@pytest.mark.parametrize("rows", [32, 64])
+def test_swapped_expert_tiles_give_the_products(name, rows, rng, monkeypatch):
+    """The expert GEMM's BM = 32 and 64 tiles, which take the weight tile as the MMA's A
+    operand for float16 and bfloat16 x (configs.swap_ab), taken by making the rows an expert
+    gets on average that many: the products of plain PyTorch within float tolerance, an
+    expert no token chose and another rank's (-1) as in the test above."""
+    monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)
+    monkeypatch.setattr(kernels.configs, "routed_rows_per_expert", lambda pairs, n_experts: float(rows))
+    qtype = TYPES_BY_NAME[name]
+    experts, n, k = 4, 37, qtype.block_size
+    qtype, planes = make_planes(name, (experts, n, k), rng)
+    dense = dequantize_planes(planes, qtype).reshape(experts, n, k)
+    ids = torch.tensor([[2, 0], [3, -1], [0, 2]])
+    x = torch.from_numpy(rng.standard_normal((len(ids), k)).astype(np.float32)) / dense.abs().max()
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 2e-2)):
+        cfg = kernels.configs.moe_config(name, qtype.block_size, rows, kernels.configs.Device(0, 0, 1), dtype)
+        assert cfg["BM"] == rows and kernels.configs.swap_ab(name, rows, dtype), cfg
+        xd = x.to(dtype)
+        ref = torch.einsum("tk,tjnk->tjn", xd.float(), dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+        got = kernels.expert_matmul(xd, ids, planes, name, (experts, n, k))
+        assert got.dtype == dtype and torch.equal(got[1, 1].float(), torch.zeros(n))
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= tol, (name, rows, dtype)
+
+
 def test_expert_tiles_hold_one_expert_each_and_skip_unchosen_experts():
     """The sort on the device: each expert's pairs padded to whole tiles, every tile one
     expert's, the slots pointing at x's rows and the output's; an expert no pair chose has no
