@@ -30,7 +30,7 @@ from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase, Unquantized
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
 from gguf_repack.runtime.qtensor import QTensor, add_expert_bias, interleave, plane_torch_dtype
 
-from .quant import PLANE
+from .names import PLANE
 
 
 # an opaque custom op, as the linear layers' products (vLLM compiles the model)

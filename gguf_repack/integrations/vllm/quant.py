@@ -8,7 +8,6 @@ the config reads the directory's manifest and maps the layer's vLLM name to its 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from gguf_repack.format.manifest import FORMAT_VERSION, QUANT_METHOD, check_quan
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
 from gguf_repack.runtime.qtensor import QTensor, plane_torch_dtype
 
-PLANE = "rp1_"
+from .names import PLANE, decoder_layer, mapping_for
 
 
 # The products run as opaque custom ops: vLLM compiles the model with torch.compile (fullgraph),
@@ -129,8 +128,6 @@ class GgufRepackVllmConfig(QuantizationConfig):
         if self._types is None:
             from gguf_repack.runtime.loader import load
 
-            from .weights import mapping_for
-
             repacked = load(self.directory)
             mapping = mapping_for(repacked)
             self._types = {hf: repacked.record(gguf).type for gguf, hf in mapping.names}
@@ -193,12 +190,6 @@ class GgufRepackVllmConfig(QuantizationConfig):
         if isinstance(layer, VocabParallelEmbedding):
             return RepackEmbeddingMethod(types, prefix)
         return RepackLinearMethod(types, prefix)
-
-
-def decoder_layer(prefix: str) -> int | None:
-    """The decoder layer of a vLLM module prefix (model.layers.N.<...>): GGUF's blk.N."""
-    found = re.search(r"layers\.(\d+)\.", prefix)
-    return int(found[1]) if found else None
 
 
 def _shard_index(shard_id) -> int:

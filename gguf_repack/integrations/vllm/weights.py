@@ -15,7 +15,6 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -24,22 +23,13 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from gguf_repack.format.manifest import QUANT_METHOD
-from gguf_repack.integrations.tensor_map import EXPERT_TENSOR, TensorMapping
-from gguf_repack.runtime.loader import RepackedModel, load
+from gguf_repack.integrations.tensor_map import EXPERT_TENSOR
+from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
 
-from .quant import PLANE, decoder_layer
+from .names import PLANE, decoder_layer, mapping_for
 
 logger = init_logger("vllm.gguf_repack")  # under vllm's logger, which vLLM configures
-
-
-@lru_cache(maxsize=4)
-def _mapping(path: str) -> TensorMapping:
-    return TensorMapping.for_output(load(path))
-
-
-def mapping_for(repacked: RepackedModel) -> TensorMapping:
-    return _mapping(os.path.realpath(repacked.path))
 
 
 def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = lambda name: True,
