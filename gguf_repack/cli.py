@@ -116,6 +116,9 @@ _REVISION = click.option("--revision", default=None, metavar="REV",
 @click.argument("src", metavar="SOURCE")
 @click.argument("out", metavar="OUT_DIR")
 @click.option("--force", is_flag=True, help="Replace OUT_DIR if it is a previous gguf-repack output.")
+@click.option("--checksum", is_flag=True,
+              help="With a directory SOURCE: decide that a converted model is unchanged by its "
+                   "files' sha256 (reading every file), not by their size and mtime.")
 @click.option("--max-shard-size", default="4GB", show_default=True,
               help="Largest safetensors file (a tensor larger than this gets a file of its own).")
 @click.option("--weights-only", is_flag=True,
@@ -125,12 +128,17 @@ _REVISION = click.option("--revision", default=None, metavar="REV",
 @_REVISION
 @_REPORT
 @_reports_errors
-def convert(src, out, force, max_shard_size, progress, weights_only, revision, reports):
+def convert(src, out, force, checksum, max_shard_size, progress, weights_only, revision, reports):
     """Convert SOURCE into OUT_DIR, with config.json and tokenizer files for engines (these
     need the `hf` extra). SOURCE is a GGUF file (or the first shard of a split set), a Hub
     reference (owner/repo:Q4_K_M, owner/repo/path/file.gguf), or a directory: then every
-    model under it goes to OUT_DIR/<name>/, models already converted from the same file are
-    skipped, and the exit code is 1 if any failed."""
+    model under it goes to OUT_DIR/<name>/, models already converted from the same files
+    are skipped (the same size and mtime, else the same sha256; with --checksum, the same
+    sha256), and the exit code is 1 if any failed."""
+    archive = os.path.isdir(src) and revision is None
+    if checksum and not archive:
+        raise RepackError("--checksum applies to a directory SOURCE (it decides which models "
+                          "of an archive are unchanged)")
     if progress is None:
         progress = sys.stderr.isatty()
     options = dict(force=force, max_shard_size=parse_size(max_shard_size), progress=progress,
@@ -138,10 +146,10 @@ def convert(src, out, force, max_shard_size, progress, weights_only, revision, r
     from .reports import error_suite, from_output
 
     with _Reporting(reports, "convert", src) as report:
-        if os.path.isdir(src) and revision is None:
+        if archive:
             from .converter.archive import FAILED, convert_archive
 
-            summary = convert_archive(src, out, say=click.echo,
+            summary = convert_archive(src, out, checksum=checksum, say=click.echo,
                                       warn=lambda line: click.echo(line, err=True), **options)
             for r in summary.results:
                 report.suites.append(

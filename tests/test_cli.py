@@ -20,7 +20,7 @@ def test_inspect_gguf_and_output_dir(tmp_path, rng, cli):
     assert out_info["kind"] == "gguf-repack output"
     assert [t["name"] for t in out_info["tensors"]] == [t["name"] for t in info["tensors"]]
     assert out_info["tensor_bytes"] == info["tensor_bytes"]
-    assert "gguf-repack v2" in cli("inspect", out, check_exit=0).stdout
+    assert "gguf-repack v3" in cli("inspect", out, check_exit=0).stdout
 
 
 def test_convert_prints_a_summary_and_what_it_skipped(tmp_path, rng, cli):

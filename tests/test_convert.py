@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from safetensors import safe_open
 from test_layout import reference_planes
 
 from gguf_repack import convert, export, verify
-from gguf_repack.errors import OutputError
+from gguf_repack.converter import writer
+from gguf_repack.errors import FormatError, OutputError
 from gguf_repack.format.type_table import TYPES
 
 
@@ -142,11 +144,15 @@ def test_split_set_converts_and_exports_to_identical_shards(tmp_path, rng):
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     shards = write_split_set(src_dir, rng)
+    for i, shard in enumerate(shards):  # each part's own mtime goes into its record
+        os.utime(shard, ns=(1_700_000_000_000_000_000 + i, 1_600_000_000_123_456_789 + i))
     out = tmp_path / "out"
     convert(shards[0], out)
     assert verify(out, against=shards[0]).ok
     manifest = json.loads((out / "manifest.json").read_text())
     assert [s["file"] for s in manifest["sources"]] == [s.name for s in shards]
+    assert [s["mtime_ns"] for s in manifest["sources"]] == [1_600_000_000_123_456_789 + i
+                                                            for i in range(len(shards))]
     # to a directory: the original names
     back_dir = tmp_path / "back"
     back_dir.mkdir()
@@ -168,11 +174,13 @@ def test_split_set_converts_and_exports_to_identical_shards(tmp_path, rng):
 V1 = Path(__file__).parent / "data" / "manifest-v1"
 
 
-def test_manifest_v2_checksums_each_tensor_with_xxh3(every_type_file, tmp_path):
+def test_the_manifest_checksums_each_tensor_with_xxh3_and_records_the_sources_mtime(
+        every_type_file, tmp_path):
     out = tmp_path / "out"
     convert(every_type_file, out)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["format_version"] == 2
+    assert manifest["format_version"] == 3
+    assert manifest["sources"][0]["mtime_ns"] == os.stat(every_type_file).st_mtime_ns
     data = every_type_file.read_bytes()
     for record in manifest["tensors"]:
         src = record["source"]
@@ -180,6 +188,22 @@ def test_manifest_v2_checksums_each_tensor_with_xxh3(every_type_file, tmp_path):
         tensor = data[src["offset"] : src["offset"] + src["nbytes"]]
         assert src["xxh3_128"] == xxhash.xxh3_128(tensor).hexdigest()
     assert manifest["sources"][0]["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_source_that_changes_size_after_its_header_was_read_leaves_nothing(
+        every_type_file, tmp_path, monkeypatch):
+    """The manifest's size (from the header scan) and mtime (from the map) are of one file."""
+    def open_then_append(src):
+        gset = open_gguf(src)
+        with open(src, "ab") as f:  # another process still writing it
+            f.write(bytes(32))
+        return gset
+
+    open_gguf = writer.open_gguf
+    monkeypatch.setattr(writer, "open_gguf", open_then_append)
+    with pytest.raises(FormatError, match="changed while it was being converted"):
+        convert(every_type_file, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == [every_type_file]
 
 
 def test_a_version_1_output_still_verifies_exports_and_loads(tmp_path):

@@ -76,6 +76,9 @@ def test_quant_tag_picks_the_one_file_and_the_manifest_records_its_origin(files,
     assert source["sha256"] == sha256(files["Tiny-Q4_K_M.gguf"])
     assert source["origin"] == {"hub": REPO, "revision": commit, "path": "Tiny-Q4_K_M.gguf",
                                 "sha256": source["sha256"], "endpoint": endpoint}
+    # the mtime of the cache's blob (when it was downloaded), not of the snapshot's link to it
+    blob = tmp_path / "hf" / "hub" / f"models--{REPO.replace('/', '--')}" / "blobs" / source["sha256"]
+    assert source["mtime_ns"] == blob.stat().st_mtime_ns
     # verify names where the directory came from, with no Hub at hand
     proc = run(env_for(tmp_path, None), "verify", tmp_path / "out")
     assert proc.returncode == 0 and f"from {REPO}@{commit[:12]}:Tiny-Q4_K_M.gguf" in proc.stdout

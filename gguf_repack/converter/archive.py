@@ -1,9 +1,19 @@
 """Archives: convert every GGUF model under a directory into OUT_ROOT/<name>/, and verify every
 output directory under a root (against the directory of sources).
 
-A model whose output already exists, complete (it has its manifest), for a source of the same
-sha256 is skipped, so an interrupted run picks up where it stopped. A model that fails is
-reported with its one-line error and the run goes on; the caller exits 1 if any failed.
+A model whose output already exists, complete (it has its manifest), for an unchanged source
+is skipped, so an interrupted run picks up where it stopped and a rerun of an unchanged archive
+reads no model's bytes. "Unchanged" is decided as rsync decides it:
+- every file of the same name, size and mtime as the manifest records (version 3): skipped
+  without reading the files;
+- else, names and sizes the same (an mtime that differs: a `touch`, a copy that did not keep
+  it; a manifest older than version 3, which records none; or `--checksum`): the files are
+  hashed, and the same sha256 as the manifest records is a skip too. The output is left as it
+  is (a skip writes nothing), so such a model is hashed again on every run;
+- else (another size, another sha256) the output is another source's: an error, unless
+  `force` replaces it.
+A model that fails is reported with its one-line error and the run goes on; the caller exits 1
+if any failed.
 """
 
 from __future__ import annotations
@@ -14,10 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf_repack.errors import OutputError, RepackError, one_line
+from gguf_repack.errors import FormatError, OutputError, RepackError, one_line
 from gguf_repack.format.manifest import (
     OUTPUT_MARKER,
-    is_output_dir,
     looks_like_output,
     read_manifest,
     sha256_file,
@@ -28,6 +37,8 @@ from .rebuild import VerifyReport, verify
 from .writer import DEFAULT_MAX_SHARD_SIZE, convert
 
 CONVERTED, SKIPPED, FAILED = "converted", "skipped", "failed"
+# What decided that a skipped model's source is unchanged
+BY_SIZE_AND_MTIME, BY_SHA256 = "size and mtime", "sha256"
 
 
 @dataclass
@@ -37,6 +48,7 @@ class ModelResult:
     bytes: int
     seconds: float
     detail: str  # the convert summary's first line, why it was skipped, or the error
+    rule: str | None = None  # a skip's: BY_SIZE_AND_MTIME or BY_SHA256
 
 
 @dataclass
@@ -50,22 +62,31 @@ class ArchiveSummary:
         return [r for r in self.results if r.status == FAILED]
 
     def table(self) -> str:
-        """The closing table: per outcome, models, source bytes, seconds."""
-        lines = [f"{'':<10} {'models':>6} {'bytes':>16} {'seconds':>9}"]
-        for status in (CONVERTED, SKIPPED, FAILED, None):
-            rows = [r for r in self.results if status is None or r.status == status]
-            label = status or "total"
-            lines.append(f"{label:<10} {len(rows):>6} {sum(r.bytes for r in rows):>16,} "
-                         f"{sum(r.seconds for r in rows):>9.1f}")
+        """The closing table: per outcome (a skip per the rule that decided it), models,
+        source bytes, seconds."""
+        rows = [(CONVERTED, [r for r in self.results if r.status == CONVERTED])]
+        rows += [(f"{SKIPPED}: unchanged ({rule})",
+                  [r for r in self.results if r.status == SKIPPED and r.rule == rule])
+                 for rule in (BY_SIZE_AND_MTIME, BY_SHA256)]
+        rows += [(FAILED, self.failed), ("total", self.results)]
+        width = max(len(label) for label, _ in rows)
+        lines = [f"{'':<{width}} {'models':>6} {'bytes':>16} {'seconds':>9}"]
+        for label, results in rows:
+            lines.append(f"{label:<{width}} {len(results):>6} "
+                         f"{sum(r.bytes for r in results):>16,} "
+                         f"{sum(r.seconds for r in results):>9.1f}")
         return "\n".join(lines)
 
 
 def convert_archive(root: str | os.PathLike, out_root: str | os.PathLike, *, force: bool = False,
-                    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, weights_only: bool = False,
-                    progress: bool = False, say: Callable[[str], None] = print,
+                    checksum: bool = False, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+                    weights_only: bool = False, progress: bool = False,
+                    say: Callable[[str], None] = print,
                     warn: Callable[[str], None] = print) -> ArchiveSummary:
     """Convert every model under `root`; `say` gets one line per model (with the run's
-    overall progress), `warn` each failure's `error: ...` line."""
+    overall progress), `warn` each failure's `error: ...` line. `checksum`: decide that an
+    output's source is unchanged by the files' sha256 even where their size and mtime are
+    the manifest's (rsync's --checksum)."""
     root, out_root = Path(root), Path(out_root)
     if not root.is_dir():
         raise RepackError(f"{root}: not a directory")
@@ -79,52 +100,76 @@ def convert_archive(root: str | os.PathLike, out_root: str | os.PathLike, *, for
     summary, done, names = ArchiveSummary(root, out_root), 0, set()
     for i, model in enumerate(models, 1):
         t0 = time.perf_counter()
-        size = model.size
+        size, rule = model.size, None
         try:
             if model.name in names:
                 raise OutputError(f"{model.path}: its output name {model.name!r} is taken by "
                                   f"another model of the archive")
             names.add(model.name)
-            status, detail = _convert_one(model, out_root / model.name, force=force,
-                                          max_shard_size=max_shard_size,
-                                          weights_only=weights_only, progress=progress)
+            status, detail, rule = _convert_one(model, out_root / model.name, force=force,
+                                                checksum=checksum, max_shard_size=max_shard_size,
+                                                weights_only=weights_only, progress=progress)
         except (RepackError, OSError) as e:
             status, detail = FAILED, one_line(e)
             warn(f"error: {detail}")
-        result = ModelResult(model, status, size, time.perf_counter() - t0, detail)
+        result = ModelResult(model, status, size, time.perf_counter() - t0, detail, rule)
         summary.results.append(result)
         done += size
         say(f"[{i}/{len(models)}, {done / max(total, 1):.0%} of bytes] {model.name}: {status} "
-            f"in {result.seconds:.1f} s" + (f" ({detail})" if status == SKIPPED else ""))
+            f"in {result.seconds:.1f} s" + (f": {detail}" if status == SKIPPED else ""))
     return summary
 
 
-def _convert_one(model: ArchiveModel, out: Path, **options) -> tuple[str, str]:
+def _convert_one(model: ArchiveModel, out: Path, *, force: bool, checksum: bool,
+                 **options) -> tuple[str, str, str | None]:
+    """(status, detail, the rule that decided a skip)"""
     if out.exists():
-        same = _same_source(model, out)
-        if same:
-            return SKIPPED, "its output exists, converted from a source of the same sha256"
-        if same is None and not options["force"]:
-            raise OutputError(f"{out}: already exists and is not a complete gguf-repack output "
-                              f"(an interrupted run leaves none; remove it)")
-        if not options["force"]:
+        same = _compare_sources(model, out, checksum)
+        if same is None:
+            if not force:
+                raise OutputError(f"{out}: already exists and is not a complete gguf-repack "
+                                  f"output (an interrupted run leaves none; remove it)")
+        elif same.unchanged:
+            return SKIPPED, same.detail, same.rule
+        elif not force:
             raise OutputError(f"{out}: already exists, converted from a different source "
-                              f"(sha256 differs); --force replaces it")
+                              f"({same.detail}); --force replaces it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = convert(model.path, out, **options)
-    return CONVERTED, summary.line().splitlines()[0]
+    summary = convert(model.path, out, force=force, **options)
+    return CONVERTED, summary.line().splitlines()[0], None
 
 
-def _same_source(model: ArchiveModel, out: Path) -> bool | None:
-    """Whether the complete output at `out` was converted from these very files (same names,
-    sizes and sha256); None when `out` is not a complete output."""
-    if not is_output_dir(out):
+@dataclass
+class _Comparison:
+    unchanged: bool
+    rule: str | None  # what decided an unchanged source: BY_SIZE_AND_MTIME or BY_SHA256
+    detail: str  # why, for the person
+
+
+def _compare_sources(model: ArchiveModel, out: Path, checksum: bool) -> _Comparison | None:
+    """Whether the complete output at `out` was converted from these very files, and by which
+    rule (the module's docstring); None when `out` is not a complete output."""
+    try:
+        manifest = read_manifest(out)
+    except FormatError:
         return None
-    sources = read_manifest(out)["sources"]
-    if [(s.get("file"), s.get("size")) for s in sources] != \
-            [(f.name, f.stat().st_size) for f in model.files]:
-        return False
-    return all(sha256_file(f) == s.get("sha256") for f, s in zip(model.files, sources))
+    records = manifest["sources"]
+    stats = [f.stat() for f in model.files]
+    if [(s.get("file"), s.get("size")) for s in records] != \
+            [(f.name, st.st_size) for f, st in zip(model.files, stats)]:
+        return _Comparison(False, None, "file names or sizes differ from its manifest's")
+    recorded = [s.get("mtime_ns") for s in records]
+    if checksum:
+        why = "--checksum"
+    elif not all(type(t) is int for t in recorded):
+        why = f"its manifest, version {manifest['format_version']}, records no mtime"
+    elif all(st.st_mtime_ns == t for st, t in zip(stats, recorded)):
+        return _Comparison(True, BY_SIZE_AND_MTIME, f"unchanged ({BY_SIZE_AND_MTIME})")
+    else:
+        why = "the mtime differs from its manifest's, so each run hashes it"
+    if all(sha256_file(f) == s.get("sha256") for f, s in zip(model.files, records)):
+        return _Comparison(True, BY_SHA256, f"unchanged ({BY_SHA256}; {why})")
+    return _Comparison(False, None, "sha256 differs")
 
 
 @dataclass

@@ -95,7 +95,7 @@ class Check:
     reason: str | None = None  # why it failed, one line
     type: str | None = None
     shape: list[int] | None = None
-    algorithm: str | None = None  # of the checksum: xxh3_128 (manifest v2), sha256 (v1, headers)
+    algorithm: str | None = None  # of the checksum: xxh3_128 (manifest v2, v3), sha256 (v1, headers)
     expected: str | None = None  # as the manifest records it
     found: str | None = None  # as computed now
 

@@ -131,6 +131,11 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
     hasher = None
     try:
         maps = [_MappedSource(f.path) for f in gset.files]
+        for f, m in zip(gset.files, maps):
+            if m.stat.st_size != f.size:
+                raise FormatError(f"{f.path}: changed while it was being converted ({f.size:,} "
+                                  f"bytes when its header was read, {m.stat.st_size:,} now); "
+                                  f"run again")
         hasher = _FileHasher(maps)
         hasher.start()
         tensor_checksums = _write_shards(maps, planned, n_shards, tmp, progress)
@@ -138,8 +143,10 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, force: bool = Fal
                  "weight_map": {e.key: shard_name(p.shard + 1, n_shards)
                                 for p in planned for e in p.entries}}
         (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
-        sources = [_write_source_record(f, i, tmp) for i, f in enumerate(gset.files)]
-        (engine_files, notes), skipped = (([], []), "--weights-only") if weights_only else _engine_files(gset, tmp)
+        sources = [_write_source_record(f, i, tmp, m.stat.st_mtime_ns)
+                   for i, (f, m) in enumerate(zip(gset.files, maps))]
+        (engine_files, notes), skipped = (
+            (([], []), "--weights-only") if weights_only else _engine_files(gset, tmp))
         hasher.join_checked()
         for i, (source, digest) in enumerate(zip(sources, hasher.sha256)):
             source["sha256"] = digest
@@ -235,6 +242,9 @@ class _MappedSource:
 
     def __init__(self, path: Path):
         with open(path, "rb") as f:
+            # the mtime the manifest records: taken before any mapped byte is hashed, so that
+            # a later change of the file makes an archive's rerun look at it again
+            self.stat = os.fstat(f.fileno())
             self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.map.madvise(mmap.MADV_SEQUENTIAL)
         self.bytes = np.frombuffer(self.map, np.uint8)
@@ -353,7 +363,7 @@ def _write_plain(src: _MappedSource, dst_fd: int, p: _Planned) -> str:
     return digest.hexdigest()
 
 
-def _write_source_record(f, i: int, tmp: Path) -> dict:
+def _write_source_record(f, i: int, tmp: Path, mtime_ns: int) -> dict:
     """The verbatim header and every byte no tensor covers (padding, usually zero), so that
     export needs nothing but the output directory."""
     with open(f.path, "rb") as src:
@@ -374,7 +384,7 @@ def _write_source_record(f, i: int, tmp: Path) -> dict:
     if stored:
         (tmp / gaps_name(i)).write_bytes(stored)
     return {
-        "file": f.path.name, "size": f.size, "sha256": None,
+        "file": f.path.name, "size": f.size, "mtime_ns": mtime_ns, "sha256": None,
         "gguf_version": f.version, "alignment": f.alignment, "data_offset": f.data_offset,
         "n_tensors": len(f.tensors),
         "header": {"file": header_name(i), "size": f.header_size,

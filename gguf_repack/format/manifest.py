@@ -1,16 +1,22 @@
 """manifest.json: the authority on what an output directory holds.
 
 Written last by `convert`: a directory without a complete manifest is not an output.
-It records the source files (name, size, sha256, verbatim header, non-zero gaps, where the
-file came from when it was downloaded), and for every tensor its GGUF name, type, ggml dims,
-torch shape, layout, planes (safetensors key, dtype, shape, file), its byte range in the
+It records the source files (name, size, mtime, sha256, verbatim header, non-zero gaps, where
+the file came from when it was downloaded), and for every tensor its GGUF name, type, ggml
+dims, torch shape, layout, planes (safetensors key, dtype, shape, file), its byte range in the
 source and a checksum of those bytes.
 
-Manifest version 2 checksums each tensor with xxh3-128; version 1 used sha256, which at
-1.3-1.8 GB/s on the project's machines was half of convert's time (xxh3: 8 GB/s). A tensor's
-checksum finds damage; the source file's sha256, kept in both versions, is the file's identity
-(the Hub publishes it) and what `export` proves. Both versions read and verify; readers refuse
-a format or version they do not know.
+Versions:
+1. Each tensor checksummed with sha256, which at 1.3-1.8 GB/s on the project's machines was
+   half of convert's time.
+2. Each tensor checksummed with xxh3-128 (8 GB/s). A tensor's checksum finds damage; the source
+   file's sha256, kept in every version, is the file's identity (the Hub publishes it) and
+   what `export` proves.
+3. Each source record also has `mtime_ns`, the source file's modification time (st_mtime_ns,
+   taken as convert maps the file, before it hashes it), so that an archive's rerun decides
+   a model unchanged by its files' size and mtime, as make and rsync do, instead of hashing
+   every file again.
+Every version reads and verifies; readers refuse a format or version they do not know.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ FORMAT = "gguf-repack"
 # The rp1 layout's version, which engines check in config.json's quantization_config.
 FORMAT_VERSION = 1
 # The manifest's version (its "format_version" key), and the ones this package reads.
-MANIFEST_VERSION = 2
-READS_MANIFEST_VERSIONS = (1, 2)
+MANIFEST_VERSION = 3
+READS_MANIFEST_VERSIONS = (1, 2, 3)
 # Per-tensor checksum, by the key it has in a tensor record's "source": what each version writes.
 TENSOR_CHECKSUMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128,
                                                   "sha256": hashlib.sha256}

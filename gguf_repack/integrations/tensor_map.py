@@ -29,7 +29,8 @@ from gguf_repack.format.manifest import check_quantization_config
 SKIPPED = {
     r"rope_freqs\.weight": "Llama 3's rope divisors: config.json has the rope parameters they come "
                            "from (converter/hf_config.py), and the engine computes them",
-    r"rope_factors_(long|short)\.weight": "LongRoPE's factors: config.json carries them (converter/hf_config.py)",
+    r"rope_factors_(long|short)\.weight": "LongRoPE's factors: config.json carries them "
+                                           "(converter/hf_config.py)",
 }
 
 
