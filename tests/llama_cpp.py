@@ -8,12 +8,12 @@ once into the cache (~/.cache/gguf-repack/llama.cpp-VERSION, or $GGUF_REPACK_MOD
 pure Python: it runs here on torch and transformers, with its own gguf-py first on the path.
 `--outtype f32, f16, bf16, q8_0` need no build of llama.cpp.
 
-The models (`MODELS`): one per architecture of the README's table and its distinctive
-variants (tied and untied embeddings, each rope scaling, Falcon-40B's decoder, GPT-2 at
-another context, a shared expert), every weight random and rounded to bfloat16 once, so that
-the F32, F16 and BF16 files hold the same values and one transformers model is the reference
-for all three. BPE tokenizers are SmolLM2's (its pre-tokenizer is one the converter knows);
-architectures whose converter reads only SentencePiece get a tiny one trained here.
+The models (`MODELS`): one per architecture of docs/architectures.md's table and its
+distinctive variants (tied and untied embeddings, each rope scaling, Falcon-40B's decoder,
+GPT-2 at another context, a shared expert), every weight random and rounded to bfloat16 once,
+so that the F32, F16 and BF16 files hold the same values and one transformers model is the
+reference for all three. BPE tokenizers are SmolLM2's (its pre-tokenizer is one the converter
+knows); architectures whose converter reads only SentencePiece get a tiny one trained here.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every architecture that transformers reads from GGUF, through both engines, against the
-table in gguf_repack/integrations/architectures.py (and the README's copy of it).
+table in gguf_repack/integrations/architectures.py (and docs/architectures.md's copy of it).
 
 Each dense architecture is a tiny file written as llama.cpp's converter writes it
 (tests/arch_models.py; qwen2, qwen3 and mistral by tests/hf_models.py), converted, and run:
@@ -239,10 +239,10 @@ def test_the_table_claims_exactly_the_marked_tests(request):
         assert claimed - marked == set(), "cells that say tested with no test marked"
 
 
-def test_the_readme_has_the_table():
-    readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme, ("README.md's architecture table differs from "
-                                        "`python -m gguf_repack.integrations.architectures`")
+def test_the_docs_have_the_table():
+    page = (ROOT / "docs" / "architectures.md").read_text()
+    assert markdown_table() in page, ("docs/architectures.md's table differs from "
+                                      "`python -m gguf_repack.integrations.architectures`")
 
 
 def test_every_table_cell_is_tested_or_gives_a_reason():

@@ -1,4 +1,4 @@
-"""The CI recipe (examples/ci/github-actions.yml, the README's GitLab snippet, the pre-commit
+"""The CI recipe (examples/ci/github-actions.yml, the GitLab snippet of docs/ci.md, the pre-commit
 hook) run as a pipeline would run it: the workflow's own `run:` lines, the hook through
 pre-commit itself."""
 
@@ -40,10 +40,10 @@ def test_the_workflow_commands_on_the_real_model(smollm2, tmp_path):
     assert (tmp_path / "repacked" / "smollm2" / "config.json").is_file()
 
 
-def test_the_readme_gitlab_snippet_is_the_workflow_recipe():
-    readme = (ROOT / "README.md").read_text()
-    snippet = re.search(r"```yaml\n(# \.gitlab-ci\.yml.*?)```", readme, re.S)
-    assert snippet, "the README has no GitLab snippet"
+def test_the_docs_gitlab_snippet_is_the_workflow_recipe():
+    page = (ROOT / "docs" / "ci.md").read_text()
+    snippet = re.search(r"```yaml\n(# \.gitlab-ci\.yml.*?)```", page, re.S)
+    assert snippet, "docs/ci.md has no GitLab snippet"
     job = yaml.safe_load(snippet[1])["repack"]
     commands = [line for step in recipe_steps().values() for line in step.strip().splitlines()]
     assert job["script"][-len(commands):] == commands

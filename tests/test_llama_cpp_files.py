@@ -1,6 +1,6 @@
 """Files as llama.cpp really writes them: every model of tests/llama_cpp.py (an architecture of
-the README's table or one of its variants: tied and untied embeddings, each rope scaling,
-Falcon-40B, GPT-2 at another context, a shared expert), converted by llama.cpp's own
+docs/architectures.md's table or one of its variants: tied and untied embeddings, each rope
+scaling, Falcon-40B, GPT-2 at another context, a shared expert), converted by llama.cpp's own
 convert_hf_to_gguf.py at F32, F16, BF16 and Q8_0, then through this project: convert, verify,
 and transformers (load_model) against the transformers model the file was made from.
 
@@ -45,7 +45,7 @@ PAIRS = [*((n, "f32") for n in NAMES), *((n, "q8_0") for n in NAMES),
 
 
 def table_row(name: str) -> str:
-    """The README table's row a model stands for (llama.cpp's architecture name)."""
+    """The row of docs/architectures.md's table a model stands for (llama.cpp's name)."""
     model_type = MODELS[name][0]
     return {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
             "gpt_oss": "gpt-oss"}.get(model_type, model_type)

@@ -4,7 +4,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf_repack.errors import FormatError
 from gguf_repack.format.type_table import F32, TYPES, TYPES_BY_NAME, ggml_type
 
-# DESIGN.md's list: every one must be described field by field, not as an opaque block.
+# ARCHITECTURE.md's list ("One type table"): every one must be described field by field,
+# not as an opaque block.
 DESIGN_TYPES = """F32 F16 BF16 F64 I8 I16 I32 I64 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K
 Q5_K Q6_K Q8_K IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4
 NVFP4 Q1_0""".split()
@@ -31,9 +32,9 @@ def test_design_types_are_described_field_by_field(name):
         assert t.struct_dtype.itemsize == t.type_size
 
 
-# Plane element types of fields read off ggml-common.h's structs, as DESIGN.md's rule gives
-# them: float fields as floats, byte runs of a multiple of 4 bytes as int32 words (a GPU's
-# vector loads), of 2 as int16, the rest as bytes.
+# Plane element types of fields read off ggml-common.h's structs, as the rule in
+# ARCHITECTURE.md ("Lossless") gives them: float fields as floats, byte runs of a multiple of
+# 4 bytes as int32 words (a GPU's vector loads), of 2 as int16, the rest as bytes.
 KNOWN_PLANES = {
     ("Q4_K", "d"): ("<f2", 1), ("Q4_K", "scales"): ("<i4", 3), ("Q4_K", "qs"): ("<i4", 32),
     ("Q8_0", "qs"): ("<i4", 8), ("Q5_0", "qh"): ("<i4", 1), ("Q6_K", "scales"): ("<i4", 4),

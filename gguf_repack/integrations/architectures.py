@@ -1,17 +1,17 @@
 """Which architectures each engine runs from a repacked directory: data that `inspect`, the
-loaders and the README read, and that the tests hold to account.
+loaders and docs/architectures.md read, and that the tests hold to account.
 
-One row per architecture as llama.cpp writes `general.architecture` (Mixtral is `llama` with
-an expert count there; it has its own row). Each cell is TESTED, and then a test in tests/
-carries `pytest.mark.architecture(column, arch)` and checks it, or the reason it is not
-(tests/test_architectures.py holds the table and the marks to each other, and the README's
-copy of the table to this one). Columns: `convert` (lossless re-tiling, verify, export: the
-format does not depend on the architecture), `transformers` (gguf_repack.hf.load_model against
-transformers' own GGUF path), `vllm` (the plugin, one rank, against the same tokens), `tp2`
-(the plugin at tensor_parallel_size=2), `llama_cpp` (files made by llama.cpp's own
-convert_hf_to_gguf.py at F32, F16, BF16 and Q8_0, through convert, verify and transformers,
-against the transformers model they were made from: tests/test_llama_cpp_files.py; the
-variants of each are in its note).
+One row per architecture as llama.cpp writes `general.architecture` (Mixtral is `llama` with an
+expert count there; it has its own row). Each cell is TESTED, and then a test in tests/ carries
+`pytest.mark.architecture(column, arch)` and checks it, or the reason it is not
+(tests/test_architectures.py holds the table and the marks to each other, and
+docs/architectures.md's copy of the table to this one). Columns: `convert` (lossless re-tiling,
+verify, export: the format does not depend on the architecture), `transformers`
+(gguf_repack.hf.load_model against transformers' own GGUF path), `vllm` (the plugin, one rank,
+against the same tokens), `tp2` (the plugin at tensor_parallel_size=2), `llama_cpp` (files made
+by llama.cpp's own convert_hf_to_gguf.py at F32, F16, BF16 and Q8_0, through convert, verify
+and transformers, against the transformers model they were made from:
+tests/test_llama_cpp_files.py; the variants of each are in its note).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def describe_support(arch: str, expert_count: int = 0) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table."""
+    """The table of docs/architectures.md."""
     lines = ["| architecture | " + " | ".join(COLUMNS.values()) + " | |",
              "| --- | " + " | ".join("---" for _ in COLUMNS) + " | --- |"]
     for arch, row in ARCHITECTURES.items():
