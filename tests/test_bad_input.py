@@ -265,3 +265,28 @@ def test_a_shard_with_bytes_no_entry_owns_is_refused(how, mentions, good, tmp_pa
 
     with pytest.raises(FormatError, match=shard.name):  # (safetensors' own words follow)
         load(out)["a.weight"]
+
+
+@pytest.mark.parametrize("tensor, layout", [("a.weight", "rp2"), ("b.weight", "rp1")])
+def test_a_layout_this_version_does_not_read_is_refused_everywhere(tensor, layout, good, tmp_path, cli):
+    """A tensor stored in another layout (a later version's, or a plain tensor marked rp1):
+    verify and export refuse it with one line naming the tensor, before reading any plane;
+    loading it is an error too (FORMAT.md, what a reader must check)."""
+    import json
+
+    from gguf_repack import load
+    from gguf_repack.errors import FormatError
+
+    out = tmp_path / "out"
+    cli("convert", good, out, "--weights-only", check_exit=0)
+    manifest = json.loads((out / "manifest.json").read_text())
+    next(t for t in manifest["tensors"] if t["name"] == tensor)["layout"] = layout
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    for proc in (cli("verify", out), cli("export", out, tmp_path / "back.gguf")):
+        assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+        said = proc.stdout + proc.stderr
+        assert f"layout {layout!r}" in said and tensor in said, said
+        assert "Traceback" not in said
+    assert not (tmp_path / "back.gguf").exists()
+    with pytest.raises(FormatError, match="layout"):
+        load(out)[tensor]

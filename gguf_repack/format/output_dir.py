@@ -56,6 +56,12 @@ class OutputDir:
         if qtype is None or qtype.id != t.type_id:
             raise FormatError(f"{self.path}: tensor {t.name!r} has type {t.type} "
                               f"(id {t.type_id}), unknown to this gguf-repack")
+        # the layout its type is stored in (FORMAT.md 4.1, 4.2): a later layout's planes read
+        # as rp1 would rebuild wrong bytes, so verify and export refuse them as load does
+        layout = "rp1" if qtype.is_quantized else "plain"
+        if t.layout != layout:
+            raise FormatError(f"{self.path}: tensor {t.name!r} has layout {t.layout!r}; this "
+                              f"gguf-repack reads {qtype.name} in layout {layout!r}")
         return qtype
 
     def shard_path(self, shard: str) -> Path:

@@ -108,11 +108,8 @@ class RepackedModel(Mapping):
         return self._shards[name]
 
     def _materialize(self, record: TensorRecord) -> QTensor | torch.Tensor:
-        if record.layout not in ("rp1", "plain"):
-            raise FormatError(f"{self.path}: tensor {record.name!r} has layout "
-                              f"{record.layout!r}, unknown to this gguf-repack")
+        self._dir.check_planes(record)  # its type, layout and planes, before any read
         shard = self._shard(record.shard)
-        self._dir.check_planes(record)
         try:
             planes = {p.field: shard.get_tensor(p.key) for p in record.planes}
         except Exception as e:  # safetensors reports a missing key as a plain exception
