@@ -55,10 +55,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-import gguf_repack_kernels as kernels  # noqa: E402
 from ggml_blocks import random_blocks  # noqa: E402
 from raw_layout_kernels import RAW_DEQUANT, raw_matmul  # noqa: E402
 
+import gguf_repack_kernels as kernels  # noqa: E402
 from gguf_repack.format.layout import pack  # noqa: E402
 from gguf_repack.format.type_table import TYPES_BY_NAME  # noqa: E402
 

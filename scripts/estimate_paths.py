@@ -6,13 +6,13 @@ dequantize kernel), and tabulates for a 4096 x 4096 weight on an H200 the estima
 each candidate at M = 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, the path
 the dispatcher takes (dispatch.matmul_path, configs.matmul_choice) and its speedup over an
 fp16 matmul and fraction of the ideal (the fp16 matmul's bound with the quantized weight's
-bytes). The model is kernels/aot.py: matmul_path_estimates. Estimates, not GPU timings.
+bytes). The model is gguf_repack_kernels/aot.py: matmul_path_estimates. Estimates, not GPU timings.
 
     python scripts/estimate_paths.py [--types Q4_0,Q4_K] [--jobs 1] [--json OUT.json]
                                      [--write-configs]
 
 --write-configs writes the fastest choice at each M (estimated at the M above and on to
-4096) as kernels/configs.py's MATMUL_RULE for the types estimated (the others keep theirs),
+4096) as gguf_repack_kernels/configs.py's MATMUL_RULE for the types estimated (the others keep theirs),
 the GEMV kept at M = 1. Run without TRITON_INTERPRET (it is removed here).
 """
 
@@ -183,7 +183,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="compiles in parallel")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--write-configs", action="store_true",
-                    help="write the fastest choice by M as kernels/configs.py's MATMUL_RULE")
+                    help="write the fastest choice by M as gguf_repack_kernels/configs.py's MATMUL_RULE")
     args = ap.parse_args()
     types = args.types.split(",")
     unknown = set(types) - set(FORMATS)

@@ -21,9 +21,9 @@ Writes gpu_check.json and gpu_check.md into --out, in four parts:
    the batch sweep (inspect_kernels.py --batch-sweep estimates the same; its own
    bench_gpu.json / .md in --out/bench).
 3. tune: scripts/tune_kernels.py for the same six types, 90 s of compiles at most (then it
-   starts no new type): each tile kind's candidates (kernels/configs.py) timed against the
+   starts no new type): each tile kind's candidates (gguf_repack_kernels/configs.py) timed against the
    default tile; the fastest into --out/tune/tuned_configs.json, to commit as
-   kernels/tuned_configs.json.
+   gguf_repack_kernels/tuned_configs.json.
 4. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
    K-quant types, as a Q4_K_M file has; tests/hf_models.py), converted, loaded with
    gguf_repack.hf.load_model on the device: its 32 greedy tokens against the torch backend's
@@ -65,10 +65,10 @@ if ARGS is not None and ARGS.smoke:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 sys.path.insert(0, str(ROOT / "tests"))  # random valid blocks and the model writer
 
-import gguf_repack_kernels as kernels  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import gguf_repack_kernels as kernels  # noqa: E402
 from gguf_repack.format.layout import pack  # noqa: E402
 from gguf_repack.format.type_table import TYPES_BY_NAME  # noqa: E402
 from gguf_repack.runtime.dequant import dequantize_planes  # noqa: E402
@@ -132,7 +132,7 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
             return "; ".join(problems) or None
         row("matmul", m, matmul)
 
-    # expert products (kernels/moe.py): a stack of E experts, tokens routed to k of them, at
+    # expert products (gguf_repack_kernels/moe.py): a stack of E experts, tokens routed to k of them, at
     # decode (the GEMV a pair), with longer runs an expert (the tiles) and prefill's long runs
     # (each chosen expert dequantized, then torch.matmul: 256 rows an expert)
     experts = 4 if smoke else 16
@@ -274,7 +274,8 @@ def run_bench(out: Path, smoke: bool) -> dict:
 
 def run_tune(out: Path, smoke: bool) -> dict:
     """scripts/tune_kernels.py for the six types the bench runs, within 90 s of compiles
-    (it starts no type after that): tuned_configs.json, to commit as kernels/tuned_configs.json."""
+    (it starts no type after that): tuned_configs.json, to commit as
+    gguf_repack_kernels/tuned_configs.json."""
     result = run_script("tune_kernels.py", ["--out", str(out)] + (
         ["--smoke", "--types", "Q4_0"] if smoke else
         ["--budget", "90", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"]), timeout=300)
@@ -356,7 +357,7 @@ def markdown(report: dict) -> str:
         t = report["tune"]
         lines += ["", "## Tiles", "", f"`{t['command']}`: exit {t['returncode']}, {t['seconds']} s"
                   " (tune/tuned_configs.md; commit tune/tuned_configs.json as"
-                  " kernels/tuned_configs.json)"]
+                  " gguf_repack_kernels/tuned_configs.json)"]
     if "model" in report:
         m = report["model"]
         if "error" in m:

@@ -9,7 +9,7 @@ takes (registers, shared memory against the device's limit, spills); the raw-lay
                                       [--act fp16,bf16,fp32] [--sass] [--jobs 2] [--json OUT.json]
 
 Each kernel is compiled at the configuration the dispatcher would launch on that arch
-(kernels/configs.py with configs.KNOWN_DEVICES' record of it: its SMs, its shared memory per
+(gguf_repack_kernels/configs.py with configs.KNOWN_DEVICES' record of it: its SMs, its shared memory per
 block) for activations of each --act dtype. `--families` takes any of aot.FAMILIES (the
 tensor-core tiles of both the dense and the expert GEMM: gemm_m16,gemm_m32,gemm,moe_m16,
 moe_m32,moe_m64); without it, the default families, gemm_m16 at sm_90 only.
@@ -19,12 +19,12 @@ main loop, the weight bytes one program reads per iteration, warp-instructions p
 byte, the bound that puts on the fraction of an H200's bandwidth reachable at batch 1
 (budget 0.218, see gguf_repack_kernels/aot.py), registers, shared memory, programs per SM,
 spills, and the widest global load from each plane. Configurations are those of
-kernels/configs.py for a 4096 x 4096 weight.
+gguf_repack_kernels/configs.py for a 4096 x 4096 weight.
 
 --batch-sweep (issue #31) instead tabulates, for each type and each M in 1, 2, 4, 8, 16, 32, 64,
 128, 256, 1024, 2048 and each weight of N x K = 4096 x 4096, 14336 x 4096 and 4096 x 14336,
 the path and tile the dispatcher takes and the estimate of scripts/estimate_paths.py (the
-model of kernels/aot.py: matmul_path_estimates, from the sm_90 SASS; estimates, not GPU
+model of gguf_repack_kernels/aot.py: matmul_path_estimates, from the sm_90 SASS; estimates, not GPU
 timings): speedup over an fp16 matmul and fraction of the ideal. `--json` rows: type, M, N,
 K, path, tile, speedup_vs_fp16, fraction_of_ideal.
 

@@ -1,6 +1,6 @@
 """The baseline for the benchmarks: GEMV kernels that read GGUF's own array-of-blocks bytes,
 [N, B, type_size] per weight, as engines do today. The design is the package's first GEMV
-(a type's dequant tile times x; the package now runs dot functions, kernels/gemv.py), with
+(a type's dequant tile times x; the package now runs dot functions, gguf_repack_kernels/gemv.py), with
 the dequant functions' arithmetic, so a difference from it is the layout and the dot
 kernel together. Q4_0, Q8_0, Q4_K, Q5_K, Q6_K
 and IQ4_XS: the types bench_gpu.py runs at every shape (benchmark use, not part of the
@@ -21,12 +21,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from gguf_repack.format.type_table import TYPES_BY_NAME
 from gguf_repack_kernels import FORMATS
 from gguf_repack_kernels.fields import concat, nibbles
 from gguf_repack_kernels.formats_iquants import bitfields, kvalue, per_group
 from gguf_repack_kernels.formats_kquants import bit_fields, per_weight
-
-from gguf_repack.format.type_table import TYPES_BY_NAME
 
 
 @triton.jit

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Tunes the kernels' tiles on a GPU: for each type and tile kind, every candidate of
-kernels/configs.py (GEMV_CANDIDATES, GEMM_CANDIDATES) timed side by side with the default
+gguf_repack_kernels/configs.py (GEMV_CANDIDATES, GEMM_CANDIDATES) timed side by side with the default
 tile (CUDA events, median of --runs), each checked against the default tile's result; the
 fastest, where it beats the default by 2% or more, goes into tuned_configs.json, which
-kernels/configs.py reads once it is committed as kernels/tuned_configs.json.
+gguf_repack_kernels/configs.py reads once it is committed as gguf_repack_kernels/tuned_configs.json.
 
     python scripts/tune_kernels.py --out tune-out [--types Q4_0,Q4_K] [--budget 240]
     python scripts/tune_kernels.py --smoke --out DIR    # CPU, Triton's interpreter, tiny
@@ -58,10 +58,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "tests"))
-import gguf_repack_kernels as kernels  # noqa: E402
 from bench_gpu import Timer  # noqa: E402
 from ggml_blocks import random_blocks  # noqa: E402
 
+import gguf_repack_kernels as kernels  # noqa: E402
 from gguf_repack.format.layout import pack  # noqa: E402
 from gguf_repack.format.type_table import TYPES_BY_NAME  # noqa: E402
 
@@ -127,7 +127,7 @@ def markdown(report: dict) -> str:
     lines = [f"# Tiles tuned on {report['device']}", "",
              f"Triton {report['triton']}, {report['shape'][0]} x {report['shape'][1]}, {report['act']} x "
              f"(tiles under \"{report['key']}\"); "
-             f"{report['seconds']:.0f} s. Copy tuned_configs.json to kernels/ to use them.", "",
+             f"{report['seconds']:.0f} s. Copy tuned_configs.json to gguf_repack_kernels/ to use them.", "",
              "| type | kind | M | default (us) | best (us) | best tile | candidates that failed |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for name in dict.fromkeys(r["type"] for r in report["timings"]):

@@ -53,7 +53,7 @@ def test_tune_kernels_smoke_writes_tiles_that_configs_reads(tmp_path, monkeypatc
     """scripts/tune_kernels.py on CPU (the interpreter: its times mean nothing, the code is what
     is checked): every tile kind of the type timed with its default and each candidate, each
     candidate's result checked against the default's; the chosen tiles, committed as
-    kernels/tuned_configs.json, are what configs.py launches, and the product is still right."""
+    gguf_repack_kernels/tuned_configs.json, are what configs.py launches, and the product is still right."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "tune_kernels.py"), "--smoke", "--types",
                     "Q4_0", "--out", str(tmp_path)], check=True, capture_output=True, timeout=600)
     report = json.loads((tmp_path / "tuned_configs.json").read_text())
@@ -62,9 +62,9 @@ def test_tune_kernels_smoke_writes_tiles_that_configs_reads(tmp_path, monkeypatc
     assert all("seconds" in r and (r["tile"] is None or r["error"] <= 1e-2) for r in rows), rows
     assert sum(r["tile"] is None for r in rows) == 4  # the default of each kind, beside the rest
 
-    import gguf_repack_kernels as kernels
     from ggml_blocks import random_blocks
 
+    import gguf_repack_kernels as kernels
     from gguf_repack.format.layout import pack
     from gguf_repack.format.type_table import TYPES_BY_NAME
 

@@ -88,7 +88,7 @@ def greedy(model, ids: torch.Tensor):
 
 # float16 and bfloat16 as well: the kernels' 16-bit paths (the GEMMs' products in x's dtype,
 # float32 sums), within their rounding of the torch backend's float32 products (bfloat16
-# under the interpreter as on a GPU: kernels/interpreter.py)
+# under the interpreter as on a GPU: gguf_repack_kernels/interpreter.py)
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.float16, 0.05),
                                                (torch.bfloat16, 0.05)],

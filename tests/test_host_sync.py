@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 
-import gguf_repack_kernels as kernels
 import numpy as np
 import pytest
 import torch
@@ -22,6 +21,7 @@ import triton.runtime.interpreter as interpreter
 from ggml_blocks import random_blocks
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import gguf_repack_kernels as kernels
 from gguf_repack.errors import RepackError
 from gguf_repack.format.layout import pack
 from gguf_repack.format.type_table import TYPES_BY_NAME

@@ -2,18 +2,18 @@
 bitwise equal to the torch backend, matmul within float tolerance, embedding exact."""
 
 import gguf
-import gguf_repack_kernels as kernels
 import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
 from ggml_blocks import as_q8_0, random_blocks
-from gguf_repack_kernels.fields import nibbles_f16, tile_columns
 
+import gguf_repack_kernels as kernels
 from gguf_repack.format.layout import pack
 from gguf_repack.format.type_table import TYPES_BY_NAME
 from gguf_repack.runtime.dequant import DEQUANTIZERS, dequantize_planes
+from gguf_repack_kernels.fields import nibbles_f16, tile_columns
 
 KERNEL_TYPES = sorted(kernels.FORMATS)
 
@@ -219,6 +219,7 @@ def test_decode_lookup_tables_are_gguf_pys():
     """The GEMV looks FP4 values and NVFP4's UE4M3 scales up in tables of its own; they equal
     gguf-py's decoding."""
     import gguf.quants
+
     from gguf_repack_kernels.formats_other import e2m1_table, nvfp4_table, ue4m3_halves
 
     cpu = torch.device("cpu")
@@ -234,6 +235,7 @@ def test_decode_tq1_0_digit_table_is_gguf_pys():
     blocks whose first 32 qs bytes are every byte value (d = 1) to the same digits."""
     import gguf
     import gguf.quants
+
     from gguf_repack_kernels.formats_other import tq1_table
 
     blocks = np.zeros((8, 54), np.uint8)  # qs 48, qh 4, d 2
@@ -252,6 +254,7 @@ def test_decode_grid_tables_are_gguf_pys(name):
     - 1/8) and each sign byte (or 7-bit ksigns index) as 8 sign bits in bfloat16 position;
     decoded here by hand, they are gguf-py's grid and signs."""
     import gguf.quants
+
     from gguf_repack_kernels import formats_iquants as iq
 
     cls = getattr(gguf.quants, name)
@@ -305,8 +308,9 @@ def test_word_nibbles_ptx_pairs_neighbouring_bytes():
     twin), run by tests/ptx_emulator.py on random words: the PRMT swaps a word's middle bytes
     (so that a 16-bit half holds bytes 0, 1 and the other 2, 3) and the MOV splits a word
     into its float16 halves, the low one first, as the twin does."""
-    from gguf_repack_kernels.fields import F16_HALVES_PTX, SWAP_MIDDLE_BYTES_PTX
     from ptx_emulator import run
+
+    from gguf_repack_kernels.fields import F16_HALVES_PTX, SWAP_MIDDLE_BYTES_PTX
 
     words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
     b = [(words >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
@@ -344,8 +348,9 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
     the table from memory instead), run by tests/ptx_emulator.py for all 16**4 words of 4
     codes: each output is the table's value as float32 (or float16), bit for bit (+0.0 for
     E2M1's code 8, as gguf-py's table)."""
-    from gguf_repack_kernels.fields import lookup16_ptx
     from ptx_emulator import run
+
+    from gguf_repack_kernels.fields import lookup16_ptx
 
     values = (list(gguf.quants.IQ4_NL.kvalues) if table.startswith("IQ4")
               else list(gguf.quants.MXFP4.kvalues))
@@ -560,7 +565,7 @@ def test_expert_tiles_hold_one_expert_each_and_skip_unchosen_experts():
 
 
 def test_the_interpreter_computes_bfloat16_as_a_gpu():
-    """kernels/interpreter.py: under the interpreter a bfloat16 dot multiplies values (not
+    """gguf_repack_kernels/interpreter.py: under the interpreter a bfloat16 dot multiplies values (not
     their uint16 bits) and float32 -> bfloat16 rounds to nearest even, as a GPU and torch do."""
     from gguf_repack_kernels.interpreter import bfloat16_bits
 

@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf_repack_kernels as kernels
 import pytest
+
+import gguf_repack_kernels as kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +119,7 @@ def test_exact_families_have_no_fused_multiply_add(ptx_rows):
 
 # The decode GEMV (M = 1, sm_90): the fraction of an H200's bandwidth its instruction issue
 # allows, read off the SASS of its main loop (budget 0.218 warp-instructions per weight byte,
-# kernels/aot.py). The floors the decode-kernel issue set: 0.9 for the main types, 0.7 for
+# gguf_repack_kernels/aot.py). The floors the decode-kernel issue set: 0.9 for the main types, 0.7 for
 # the low-bit and table types, 0.4 for the rest.
 ISSUE_FLOORS = {**dict.fromkeys(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"], 0.9),
                 **dict.fromkeys(["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"], 0.7)}
@@ -192,7 +193,7 @@ print(c.asm["ptx"])
     assert "div.full" not in ptx and "div.approx" not in ptx
 
 
-# the expert products' decode GEMV (kernels/moe.py) for the types MoE files mostly hold
+# the expert products' decode GEMV (gguf_repack_kernels/moe.py) for the types MoE files mostly hold
 EXPERT_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "MXFP4"]
 
 

@@ -28,8 +28,8 @@ from llama_cpp import MODELS, build_model, llama_cpp_files
 from test_vllm import run_vllm_many, vllm_python  # noqa: F401 (a fixture)
 
 from gguf_repack import convert, export, verify
-from gguf_repack.converter.reader import read_gguf
 from gguf_repack.converter.hf_config import llama3_from_divisors, llama3_rope_divisors, unaccounted_keys
+from gguf_repack.converter.reader import read_gguf
 
 PROMPT = ("The three primary colors are red, yellow and blue. The capital of France is Paris, "
           "and the capital of Italy is Rome. def fibonacci(n): return n if n < 2 else "
@@ -108,7 +108,8 @@ def q8_0_reference(name: str, src) -> torch.nn.Module:
     done = {}
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if p.dim() < 2 or re.search(r"(norm|wpe|position|conv1d|\.gate\.|router|shared_expert_gate)", pname):
+            if p.dim() < 2 or re.search(r"(norm|wpe|position|conv1d|\.gate\.|router|shared_expert_gate)",
+                                        pname):
                 continue
             transposed = pname.rpartition(".")[0] in conv1d
             w = p.mT if transposed else p

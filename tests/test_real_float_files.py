@@ -103,7 +103,9 @@ def test_float_file_is_written_as_llama_cpp_writes_one(name, float_files, smollm
     assert list(reader.fields) == list(source.fields)
     for key, field in reader.fields.items():
         if key != "general.file_type":
-            assert (field.types, field.contents()) == (source.fields[key].types, source.fields[key].contents()), key
+            ours, theirs = (field.types, field.contents()), (source.fields[key].types,
+                                                             source.fields[key].contents())
+            assert ours == theirs, key
     assert reader.fields["general.file_type"].contents() == int(file_type)
     # the tensors in the source's order, the 2-D ones (the tied embedding too) at `qtype`
     assert [t.name for t in reader.tensors] == [t.name for t in source.tensors]

@@ -1,4 +1,4 @@
-"""The tiles chosen for a device and an activation dtype (kernels/configs.py), without
+"""The tiles chosen for a device and an activation dtype (gguf_repack_kernels/configs.py), without
 compiling anything: every tile the dispatcher would launch fits its device's shared memory by
 configs' estimate (tests/test_kernels_ptx.py holds the estimate to real compiles), the
 present tiles are kept wherever they fit, and tuned tiles apply to their own device and dtype
@@ -7,9 +7,10 @@ only."""
 import json
 from types import SimpleNamespace
 
-import gguf_repack_kernels as kernels
 import pytest
 import torch
+
+import gguf_repack_kernels as kernels
 from gguf_repack_kernels import configs
 
 KERNEL_TYPES = sorted(kernels.FORMATS)

@@ -81,7 +81,7 @@ class TorchBackend:
 
 
 class TritonBackend:
-    """gguf_repack_kernels (kernels/): CUDA tensors, or CPU ones under TRITON_INTERPRET=1."""
+    """gguf_repack_kernels (gguf_repack_kernels/): CUDA tensors, or CPU ones under TRITON_INTERPRET=1."""
 
     name = "triton"
 

@@ -133,7 +133,7 @@ GEMM_CANDIDATES = {
 GEMV_MAX_M = 8
 
 # The fastest choice at each M by the SASS estimate for a 4096 x 4096 weight on an H200
-# (kernels/aot.py: matmul_path_estimates; BENCHMARKS.md "Paths by M"), per type: (largest M,
+# (gguf_repack_kernels/aot.py: matmul_path_estimates; BENCHMARKS.md "Paths by M"), per type: (largest M,
 # choice) pairs in increasing M, the last one (None) for every M beyond. Choices:
 # "gemv", "gemm_bm16", "gemm_bm32", "gemm_bm64", "gemm_bm128" (the swapped tile of
 # SWAP_AB_TYPES only; BM = 64 for float32 x), "dequantize+matmul". Estimated at

@@ -13,7 +13,7 @@ uint16 bits, and two of its steps then differ from a GPU's (Triton 3.6 to 3.9; b
 
 This module makes the two steps what a GPU computes, so every kernel taking bfloat16 x
 (vLLM's default activation dtype) or writing bfloat16 can be checked on CPU. Applied on
-import of the kernels when the interpreter is on (kernels/__init__.py); on a GPU nothing here
+import of the kernels when the interpreter is on (gguf_repack_kernels/__init__.py); on a GPU nothing here
 runs."""
 
 from __future__ import annotations
