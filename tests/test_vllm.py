@@ -57,13 +57,15 @@ def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, pp: int = 1
 
 def run_vllm_many(python: str, models: list[Path], prompts=PROMPTS, tp: int = 1,
                   max_tokens: int = 16, held_bytes: bool = False, eager: bool = True,
-                  env: dict | None = None, extra=()) -> dict[str, dict]:
+                  env: dict | None = None, extra=(), may_fail=()) -> dict[str, dict]:
     """run_vllm for several directories, one after another in one vLLM process (one start of
     vLLM for them all): {directory: result}. `env`: variables added to the environment;
-    `extra`: more vllm_run.py options."""
+    `extra`: more vllm_run.py options; `may_fail`: directories (put them last) whose failure to
+    load is their result, {"model": ..., "error": the traceback}, and does not end the run."""
     proc = subprocess.run([python, str(ROOT / "tests" / "vllm_run.py"), ",".join(map(str, models)),
                            *prompts, "--tp", str(tp), *(["--eager"] if eager else []),
                            *(["--held-bytes"] if held_bytes else []), *extra,
+                           *(["--may-fail", ",".join(map(str, may_fail))] if may_fail else []),
                            "--max-tokens", str(max_tokens)],
                           capture_output=True, text=True, timeout=1800, cwd=models[0].parent,
                           env={**os.environ, **(env or {})})
@@ -85,12 +87,34 @@ def transformers_tokens(model, tok, prompts=PROMPTS, steps: int = 16):
     return prompt_ids, tokens
 
 
+def loaded(result: dict) -> dict:
+    """A run_vllm_many result of a directory that loaded and generated."""
+    assert "error" not in result, result["error"][-4000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def tp1_runs(converted, smollm2, gemma, tmp_path_factory, vllm_python):
+    """The tensor-parallel-size-1 runs of this module in one vLLM start (each start costs CI
+    about a minute): the real models, greedy tokens for PROMPTS and held bytes, and last
+    SmolLM2's directory with format_version 99 in its config.json, which must fail to load:
+    {"smollm2" | "gemma" | "future": result}."""
+    future = tmp_path_factory.mktemp("future") / "out"
+    shutil.copytree(converted[smollm2.name], future)
+    config = json.loads((future / "config.json").read_text())
+    config["quantization_config"]["format_version"] = 99
+    (future / "config.json").write_text(json.dumps(config))
+    outs = {"smollm2": converted[smollm2.name], "gemma": converted[gemma.name], "future": future}
+    results = run_vllm_many(vllm_python, list(outs.values()), held_bytes=True, may_fail=[future])
+    return {name: results[str(out)] for name, out in outs.items()}
+
+
 @pytest.mark.parametrize("model", [pytest.param("smollm2", marks=pytest.mark.architecture("vllm", "llama")),
                                    pytest.param("gemma", marks=pytest.mark.architecture("vllm", "gemma3"))])
-def test_vllm_generates_as_transformers_gguf_path(model, request, converted, vllm_python,
+def test_vllm_generates_as_transformers_gguf_path(model, request, converted, tp1_runs,
                                                   transformers_reference):
     src = request.getfixturevalue(model)
-    result = run_vllm(vllm_python, converted[src.name], held_bytes=True)
+    result = loaded(tp1_runs[model])
     prompt_ids, tokens = transformers_tokens(*transformers_reference(src))
     assert result["prompt_token_ids"] == prompt_ids  # vLLM tokenized with the directory's tokenizer
     assert result["token_ids"] == tokens
@@ -138,24 +162,34 @@ def assert_half_per_rank(out: Path, ranks: list[dict], leaving=()) -> None:
         assert 0.49 * quantized <= rank["planes"] <= 0.51 * quantized, rank
 
 
-# (tensor_parallel_size 1 is the real models' test above; each vLLM start costs CI a minute)
+@pytest.fixture(scope="module")
+def tp2_runs(synthetic, vllm_python):
+    """The tensor-parallel-size-2 runs of this module in one vLLM start (each start costs CI
+    about a minute; each model's ranks are started again): the synthetic llama and phi3,
+    greedy tokens for PROMPTS and held bytes: {arch: result}."""
+    outs = {arch: synthetic(arch)[0] for arch in ("llama", "phi3")}
+    results = run_vllm_many(vllm_python, list(outs.values()), tp=2, held_bytes=True)
+    return {arch: results[str(out)] for arch, out in outs.items()}
+
+
+# (tensor_parallel_size 1 is the real models' test above)
 @pytest.mark.architecture("tp2", "llama")
-def test_tensor_parallel_generates_as_transformers_with_half_the_weights_per_rank(synthetic, vllm_python):
+def test_tensor_parallel_generates_as_transformers_with_half_the_weights_per_rank(synthetic, tp2_runs):
     out, tokens = synthetic("llama")  # q, k, v in three types: three plane sets, each once
-    two = run_vllm(vllm_python, out, tp=2, held_bytes=True)
+    two = tp2_runs["llama"]
     assert_half_per_rank(out, two["held_bytes"])
     assert two["token_ids"] == tokens
 
 
 @pytest.mark.architecture("tp2", "phi3")
 def test_fused_qkv_and_gate_up_of_the_file_split_exactly_at_any_tensor_parallel_size(synthetic,
-                                                                                     vllm_python):
+                                                                                     tp2_runs):
     """phi3 holds q, k and v in one tensor (attn_qkv) and gate and up in one (ffn_up): each
     rank must take its rows of each part, not one contiguous slice of the fused rows (the
     tokens were wrong at TP 2 when it did), and hold them once. At TP 1 (each shard whole) it
     passed too when written (2026-12-01); CI runs TP 2, where the split matters."""
     out, tokens = synthetic("phi3")
-    two = run_vllm(vllm_python, out, tp=2, held_bytes=True)
+    two = tp2_runs["phi3"]
     assert_half_per_rank(out, two["held_bytes"])
     assert two["token_ids"] == tokens
 
@@ -183,16 +217,12 @@ def test_pipeline_parallel_reads_each_stages_layers_only_and_generates_the_same(
     assert reads == {0: (1 + 9, 21), 1: (9 + 2, 21)}, reads
 
 
-def test_unknown_format_version_fails_at_load_with_a_clear_error(converted, smollm2, tmp_path,
-                                                                 vllm_python):
-    out = tmp_path / "future"
-    shutil.copytree(converted[smollm2.name], out)
-    config = json.loads((out / "config.json").read_text())
-    config["quantization_config"]["format_version"] = 99
-    (out / "config.json").write_text(json.dumps(config))
-    proc = run_vllm(vllm_python, out, prompts=["Hi"], expect_ok=False)
-    assert proc.returncode != 0
-    assert "gguf_repack: config.json has format_version 99" in proc.stderr
+def test_unknown_format_version_fails_at_load_with_a_clear_error(tp1_runs):
+    """LLM() on SmolLM2's directory with format_version 99 (tp1_runs, after the good models)
+    raises, and its error says why."""
+    result = tp1_runs["future"]
+    assert "token_ids" not in result and "error" in result, result  # it did not load
+    assert "gguf_repack: config.json has format_version 99" in result["error"], result["error"]
 
 
 def test_the_plugin_is_an_entry_point_and_registers_twice_safely(vllm_python):

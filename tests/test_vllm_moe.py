@@ -81,20 +81,42 @@ def float32_bytes(out, names) -> int:
 # one tensor-parallel size per model in CI, each vLLM start costing it about a minute: Qwen3-MoE
 # at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01; with float experts
 # 2026-12-03). Qwen2-MoE: its shared expert (plain layers and a sigmoid gate) beside the routed
-# ones. Where FLOAT_EXPERT_TYPES has the model, its float-experts directory runs in the same vLLM
-# start, after the quantized one (no start of its own; its ranks are started again, about 35 s
-# here at TP 2, 15 s at TP 1)
+# ones. The models of one size run in one vLLM start (moe_runs), each one's float-experts
+# directory (where FLOAT_EXPERT_TYPES has the model) after its quantized one (no start of their
+# own; each model's ranks are started again, about 35 s here at TP 2, 15 s at TP 1)
+MOE_RUNS = [("qwen3moe", 1), ("qwen2moe", 1), ("mixtral", 2), ("gpt-oss", 2)]
+
+
+@pytest.fixture(scope="module")
+def moe_runs(moe, vllm_python):  # noqa: F811
+    """tp -> {(arch, float experts): (output directory, the reference's prompt ids and tokens,
+    vLLM's result)} for every model of MOE_RUNS at that tensor-parallel size, all in one vLLM
+    start (once per size per module)."""
+    runs = {}
+
+    def get(tp: int) -> dict:
+        if tp not in runs:
+            made = {}
+            for arch, size in MOE_RUNS:
+                if size == tp:
+                    made[arch, False] = moe(arch)
+                    if arch in FLOAT_EXPERT_TYPES:
+                        made[arch, True] = moe(arch, float_experts=True)
+            results = run_vllm_held(vllm_python, [out for out, _, _ in made.values()], tp)
+            runs[tp] = {key: (*m, results[str(m[0])]) for key, m in made.items()}
+        return runs[tp]
+    return get
+
+
 @pytest.mark.parametrize("arch, tp", [
     pytest.param(arch, tp, marks=pytest.mark.architecture("vllm" if tp == 1 else "tp2", arch))
-    for arch, tp in [("qwen3moe", 1), ("qwen2moe", 1), ("mixtral", 2), ("gpt-oss", 2)]])
-def test_moe_model_generates_as_transformers_with_quantized_and_with_float_experts(arch, tp, moe,
-                                                                                  vllm_python):  # noqa: F811
-    made = {False: moe(arch)}
+    for arch, tp in MOE_RUNS])
+def test_moe_model_generates_as_transformers_with_quantized_and_with_float_experts(arch, tp, moe_runs):
+    runs = moe_runs(tp)
+    made = {False: runs[arch, False]}
     if arch in FLOAT_EXPERT_TYPES:
-        made[True] = moe(arch, float_experts=True)
-    results = run_vllm_held(vllm_python, [out for out, _, _ in made.values()], tp)
-    for float_experts, (out, prompt_ids, tokens) in made.items():
-        result = results[str(out)]
+        made[True] = runs[arch, True]
+    for float_experts, (out, prompt_ids, tokens, result) in made.items():
         kind = "float experts" if float_experts else "quantized experts"
         assert result["prompt_token_ids"] == prompt_ids, kind
         assert result["token_ids"] == tokens, kind
