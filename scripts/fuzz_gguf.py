@@ -19,8 +19,9 @@ never from the code under test:
   truncate   the file cut at every region boundary (and one byte either side)
   flip       1-8 random bytes XORed, in the header or anywhere
 
-Each case runs the real command line (`gguf-repack convert`) in a forked process with a 10 s
-limit. The property, checked for every case:
+Each case runs the real command line (`gguf-repack convert`) in a forked process with a time
+limit (--time-limit, 10 s: a hang detector; an undamaged case takes about 1-5 s). The
+property, checked for every case:
   - exit 0: the output verifies against the mutated file (`verify(out, against=case)`), or
   - exit 2: stderr is exactly one line `error: ...`, no output directory exists,
   - never a traceback or another exit code, never over the time limit,
@@ -279,6 +280,7 @@ def run_case(case: Case, work: Path, baseline_kib: int, allowance_mib: dict[bool
 
 
 def main() -> int:
+    global TIME_LIMIT_S  # run_case's hang detector, set from --time-limit
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=5000)
@@ -286,8 +288,11 @@ def main() -> int:
     ap.add_argument("--time-budget", type=float, default=1500, help="seconds; stop early past it")
     ap.add_argument("--engine-files-every", type=int, default=100,
                     help="also write engine files for every Nth non-metadata case (0: never)")
+    ap.add_argument("--time-limit", type=float, default=TIME_LIMIT_S,
+                    help="seconds a case may take before it counts as hung")
     ap.add_argument("--json", type=Path, default=None, help="write the full report here")
     args = ap.parse_args()
+    TIME_LIMIT_S = args.time_limit
 
     # imported once here, so each forked case starts with them loaded
     import gguf_repack.cli  # noqa: F401
