@@ -17,6 +17,13 @@ its parameters and buffers, each storage counted once, by kind ("planes": rp1 pl
 by name. With --backend-calls (TP 1 only: the model runs in this process) it has the calls
 each QTensor backend took, by backend and operation, with the GGUF types:
 {"triton": {"matmul": {"Q4_0": 12, ...}, ...}, "torch": {...}}.
+
+Tensor parallel ranks (--tp > 1 at --pp 1) are this script's own processes, started once by
+torchrun (vLLM's "external_launcher"), each one engine rank for every model in turn: vLLM's
+own multiprocessing executor starts its ranks again for each model, each importing vLLM (3
+models at TP 2: 63 s this way, 201 s that way, the same tokens; measured 2026-12-03). Rank 0
+prints the results. Pipeline parallel runs keep vLLM's executor (its stages hand tensors
+between processes it starts).
 """
 
 import argparse
@@ -39,6 +46,26 @@ def main() -> None:
     ap.add_argument("--backend-calls", action="store_true", help="report the backends' calls")
     ap.add_argument("--may-fail", default="", help="directories whose load failure is reported")
     args = ap.parse_args()
+    ranks = args.tp * args.pp
+    launched = ranks > 1 and args.pp == 1  # the ranks are this script's processes (torchrun)
+    if launched and "RANK" not in os.environ:
+        import socket
+        import subprocess
+
+        # free ports: torchrun's, and one for each model's process groups, whose store rank 0
+        # makes afresh there (in torchrun's own store the second model's ranks would read the
+        # first one's addresses: its groups have the same names); two runs at once do not meet
+        sockets = [socket.socket() for _ in range(1 + len(args.model.split(",")))]
+        for free in sockets:
+            free.bind(("127.0.0.1", 0))
+        ports = [free.getsockname()[1] for free in sockets]
+        for free in sockets:
+            free.close()
+        env = {**os.environ, "GGUF_REPACK_MODEL_PORTS": ",".join(map(str, ports[1:]))}
+        sys.exit(subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                                  "--master-addr", "127.0.0.1", "--master-port", str(ports[0]),
+                                  "--nproc-per-node", str(ranks), *sys.argv], env=env))
+    rank = int(os.environ.get("RANK", "0"))
     # a KV cache of 64 MiB (per rank), not vLLM's CPU default: ample for these models at
     # max_model_len 256 (SmolLM2 in float32, the largest per token, fits 5 whole sequences), and
     # about 1 s less per model than 1 GiB, which vLLM zeroes at each start (VLLM_CPU_KVCACHE_SPACE,
@@ -46,7 +73,6 @@ def main() -> None:
     kv_cache_bytes = None if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else 64 << 20
     if args.held_bytes:  # apply_model sends a function to the workers
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    ranks = args.tp * args.pp
     if ranks > 1:  # one core per rank, round robin over this machine's cores
         cores = os.cpu_count() or 1
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(ranks)))
@@ -58,14 +84,21 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.distributed import cleanup_dist_env_and_memory
 
+    if launched:
+        name_shared_memory(f"gguf_repack_{os.environ['GGUF_REPACK_MODEL_PORTS'].split(',')[0]}")
+
     calls = count_backend_calls() if args.backend_calls else None
     # several models, one after another in this process (one import of vLLM for all of them)
     may_fail = set(filter(None, args.may_fail.split(",")))
-    for model in args.model.split(","):
+    for i, model in enumerate(args.model.split(",")):
+        if launched:
+            os.environ["MASTER_PORT"] = os.environ["GGUF_REPACK_MODEL_PORTS"].split(",")[i]
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
         try:
             llm = LLM(model=model, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
-                      dtype=args.dtype, max_model_len=256, seed=0, enforce_eager=args.eager,
-                      distributed_executor_backend="uni" if ranks == 1 else None,
+                      dtype=args.dtype, max_model_len=max_model_len(model), seed=0, enforce_eager=args.eager,
+                      distributed_executor_backend=("uni" if ranks == 1 else
+                                                    "external_launcher" if launched else None),
                       kv_cache_memory_bytes=kv_cache_bytes)
         except Exception:
             if model not in may_fail:
@@ -87,12 +120,54 @@ def main() -> None:
         if args.held_bytes:
             from gguf_repack.integrations.vllm.memory import held_bytes
 
-            result["held_bytes"] = llm.apply_model(held_bytes)
-        print("RESULT " + json.dumps(result), flush=True)
-        llm.llm_engine.engine_core.shutdown()
+            result["held_bytes"] = llm.apply_model(held_bytes)  # each worker's, or this rank's
+            if launched:  # every rank's, in rank order
+                import torch.distributed as dist
+
+                every = [None] * dist.get_world_size()
+                dist.all_gather_object(every, result["held_bytes"])
+                result["held_bytes"] = [held for rank_held in every for held in rank_held]
+        if rank == 0:
+            print("RESULT " + json.dumps(result), flush=True)
+        if not launched:  # (under external_launcher it leaves the ranks unable to meet again)
+            llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
+
+
+def max_model_len(model: str) -> int:
+    """256 tokens (ample for the tests' prompts), or the model's own context if shorter (the
+    tiny gpt-oss has 64)."""
+    with open(os.path.join(model, "config.json")) as f:
+        context = json.load(f).get("max_position_embeddings") or 256
+    return min(256, int(context))
+
+
+def name_shared_memory(prefix: str) -> None:
+    """vLLM's CPU ranks exchange tensors through shared-memory segments named after the
+    executor's rendezvous file; under external_launcher (rendezvous env://) every run gets the
+    same names, so a second run, or a run beside another (pytest-xdist), fails to create them
+    (errno 17). The names here carry this launch's id (the ranks share it) instead, and the
+    segments are removed when the process ends (vLLM leaves them in /dev/shm)."""
+    import atexit
+    import glob
+
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    def group_name(communicator) -> str:
+        ranks = "-".join(str(rank) for rank in communicator.ranks)
+        return f"{prefix}-{communicator.unique_name}-[{ranks}]-cpushm"
+
+    cpu_communicator._CPUSHMDistributed.make_group_name = staticmethod(group_name)
+
+    def remove() -> None:
+        for path in glob.glob(f"/dev/shm/{glob.escape(prefix)}-*"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass  # the other rank's exit took it first
+    atexit.register(remove)
 
 
 def count_backend_calls() -> dict:
