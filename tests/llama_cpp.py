@@ -146,6 +146,11 @@ _SMALL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_a
 _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16, "rope_theta": 10000.0}
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# DeepSeek's multi-head latent attention (MLA), tiny: 4 heads of 32 + 32 (rope), a latent of 32
+_MLA = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, max_position_embeddings=256, kv_lora_rank=32, qk_nope_head_dim=32,
+            qk_rope_head_dim=32, v_head_dim=32, moe_intermediate_size=32, first_k_dense_replace=1,
+            tie_word_embeddings=False)
 
 # name -> (transformers model_type, config overrides, tokenizer kind, what the variant is)
 MODELS: dict[str, tuple[str, dict, str]] = {
@@ -219,6 +224,37 @@ MODELS: dict[str, tuple[str, dict, str]] = {
 }
 
 
+# llama.cpp's deepseek2 (tests/test_deepseek2.py), apart from MODELS: test_llama_cpp_files.py
+# marks each model of MODELS with its table row by transformers' model type (deepseek_v3 is
+# not one) and builds its Q8_0 reference without MLA's split kv_b_proj
+MLA_MODELS: dict[str, tuple[str, dict, str]] = {
+    # DeepSeek-V3's routing (sigmoid scores, correction bias, expert groups, scaled and normalized
+    # weights), MLA with a q LoRA, YaRN with its mscale, the first layer dense. scoring_func is
+    # what DeepSeek's own config.json says (transformers' class has no such field; the converter
+    # writes the gating function from it)
+    "deepseek-v3": ("deepseek_v3", dict(_MLA, max_position_embeddings=64, q_lora_rank=64, n_routed_experts=8,
+                                        num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+                                        routed_scaling_factor=2.5, norm_topk_prob=True,
+                                        scoring_func="sigmoid", topk_method="noaux_tc",
+                                        rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                         "original_max_position_embeddings": 16,
+                                                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
+                                                         "mscale_all_dim": 0.707, "rope_theta": 10000.0}),
+                    "bpe"),
+    # DeepSeek-V2-Lite's shape: no q LoRA, softmax routing over all experts, two shared experts;
+    # a latent wider than the heads' key part (attn_k_b is not square)
+    "deepseek-v2-lite": ("deepseek_v2", dict(_MLA, kv_lora_rank=64, q_lora_rank=None, n_routed_experts=4,
+                                             num_experts_per_tok=2, n_shared_experts=2,
+                                             routed_scaling_factor=1.0, norm_topk_prob=False,
+                                             scoring_func="softmax", topk_method="greedy"),
+                         "bpe"),
+}
+
+
+def _entry(name: str) -> tuple[str, dict, str]:
+    return MODELS[name] if name in MODELS else MLA_MODELS[name]
+
+
 def tokenizer_dir(kind: str) -> Path:
     return bpe_tokenizer_dir() if kind == "bpe" else spm_tokenizer_dir()
 
@@ -228,7 +264,7 @@ def build_model(name: str, dtype=torch.float32):
     bfloat16 once), in `dtype`, eval mode."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model_type, overrides, kind = MODELS[name]
+    model_type, overrides, kind = _entry(name)
     tok = json.loads((tokenizer_dir(kind) / "tokenizer_config.json").read_text()) if kind == "spm" else None
     vocab = SPM_VOCAB if tok is not None else 49152
     config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
@@ -245,7 +281,7 @@ def build_model(name: str, dtype=torch.float32):
 
 def hf_model_dir(name: str) -> Path:
     """`build_model(name)` saved with its tokenizer: the converter's input."""
-    model_type, overrides, kind = MODELS[name]
+    model_type, overrides, kind = _entry(name)
     key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, model_type, overrides, kind, _version("transformers"),
                                      _version("torch")], sort_keys=True).encode()).hexdigest()[:12]
     target = cache_root() / "llama.cpp-made" / f"{name}-{key}" / "hf"

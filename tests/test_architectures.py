@@ -4,8 +4,9 @@ table in gguf_repack/integrations/architectures.py (and docs/architectures.md's 
 Each dense architecture is a tiny file written as llama.cpp's converter writes it
 (tests/arch_models.py; qwen2, qwen3 and mistral by tests/hf_models.py), converted, and run:
 transformers (load_model and from_pretrained) against transformers' own GGUF path on the same
-file, and vLLM (every architecture in one process, one after another) against the same
-greedy tokens, at one rank and at two. A cell of the table is "tested" only where a test here
+file, and vLLM at two ranks (every architecture in one process, one after another) against
+the same greedy tokens. vLLM at one rank runs the files of llama.cpp's own converter
+(tests/test_llama_cpp_files.py). A cell of the table is "tested" only where a test here
 or elsewhere carries `pytest.mark.architecture(column, arch)`, and every such mark has its cell
 (test_the_table_claims_exactly_the_marked_tests).
 """
@@ -39,10 +40,8 @@ PROMPT = "The three primary colors are red, yellow and"
 VLLM_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 # written by hf_models (the older synthetic set); the rest by arch_models
 HF_MODELS = ("qwen2", "qwen3", "mistral", "phi3")
-# through vLLM: every dense architecture of the table whose vLLM cell says tested (llama and
-# gemma3 are the real files, tests/test_vllm.py; so are llama and phi3 at TP 2, with what
-# each rank holds)
-VLLM_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS] if ARCHITECTURES[a]["vllm"] == TESTED)
+# through vLLM at two ranks: every dense architecture of the table whose cell says tested (llama
+# and phi3 are in tests/test_vllm.py, with what each rank holds)
 VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS]
                         if ARCHITECTURES[a]["tp2"] == TESTED and a != "phi3")
 
@@ -136,22 +135,12 @@ def test_a_quantized_tensor_of_a_module_that_cannot_take_one_is_held_dequantized
 
 
 @pytest.mark.slow
-@_cells("vllm", VLLM_ARCHS)
-def test_every_architecture_through_vllm_gives_transformers_tokens(made, vllm_python):  # noqa: F811
-    _vllm_against_transformers(made, vllm_python, VLLM_ARCHS, tp=1)
-
-
-@pytest.mark.slow
 @_cells("tp2", VLLM_TP2_ARCHS)
 def test_every_architecture_through_vllm_at_tensor_parallel_2(made, vllm_python):  # noqa: F811
-    _vllm_against_transformers(made, vllm_python, VLLM_TP2_ARCHS, tp=2)
-
-
-def _vllm_against_transformers(made, python: str, archs, tp: int):
     from transformers import AutoTokenizer
 
-    outs = {arch: made(arch)[1] for arch in archs}
-    results = run_vllm_many(python, list(outs.values()), prompts=VLLM_PROMPTS, tp=tp, max_tokens=8)
+    outs = {arch: made(arch)[1] for arch in VLLM_TP2_ARCHS}
+    results = run_vllm_many(vllm_python, list(outs.values()), prompts=VLLM_PROMPTS, tp=2, max_tokens=8)
     wrong = {}
     for arch, out in outs.items():
         ref_model = transformers_gguf_model(made(arch)[2])
@@ -166,7 +155,7 @@ def _vllm_against_transformers(made, python: str, archs, tp: int):
 # Format level: convert, verify and export work for any architecture, those without an engine
 # mapping too (a small llama-shaped file under each name: the format does not look at it)
 WITHOUT_ENGINE_TEST = sorted(a for a, row in ARCHITECTURES.items() if row["transformers"] != TESTED)
-OUTSIDE_TRANSFORMERS = ["deepseek2", "command-r", "olmo2"]
+OUTSIDE_TRANSFORMERS = ["command-r", "olmo2"]
 
 
 def write_named(path: Path, arch: str) -> Path:

@@ -212,15 +212,22 @@ def test_an_unknown_key_is_named():
 
 # through vLLM (one process for all): what config.json must carry for an engine that builds
 # its model from it alone: the float tied embedding, each rope scaling, Falcon-40B, GPT-2 at
-# 2048, StarCoder2's rope base, Qwen2-MoE's shared-expert gate, a float expert stack
+# 2048, StarCoder2's rope base, Qwen2-MoE's shared-expert gate, a float expert stack; and the
+# table's vLLM column (one rank) for every architecture that vLLM runs here, each by a file of
+# llama.cpp's converter (Q8_0 blocks where the variants above are float; K-quant blocks of the
+# same architectures go through vLLM at two ranks, tests/test_architectures.py)
 VLLM_PAIRS = [("llama", "f16"), ("llama-rope-llama3", "f32"), ("llama-rope-yarn", "q8_0"),
               ("llama-rope-linear", "f32"), ("phi3-longrope", "f32"), ("qwen2-rope-yarn", "q8_0"),
               ("gemma3", "bf16"), ("starcoder2", "q8_0"), ("falcon-40b", "f32"),
-              ("gpt2-ctx2048", "q8_0"), ("qwen2moe", "f32"), ("qwen3moe", "f16")]
+              ("gpt2-ctx2048", "q8_0"), ("qwen2moe", "f32"), ("qwen3moe", "f16"),
+              ("bloom", "q8_0"), ("falcon", "q8_0"), ("gemma2", "q8_0"), ("mistral", "q8_0"),
+              ("nemotron", "q8_0"), ("qwen3", "q8_0"), ("stablelm", "q8_0"), ("mixtral", "q8_0")]
 VLLM_PROMPTS = [PROMPT]
+VLLM_ARCHS = sorted({table_row(name) for name, _ in VLLM_PAIRS} - {"llama", "gemma3"})
 
 
 @pytest.mark.slow
+@pytest.mark.architecture("vllm", *VLLM_ARCHS)  # llama and gemma3: the real files, test_vllm.py
 def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):  # noqa: F811
     from gguf_repack.hf import load_model
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from gguf_repack.format.manifest import quantization_config
 
-from .hf_config import complete_config, unaccounted_keys
+from .hf_config import complete_config, deepseek2_config, unaccounted_keys
 from .reader import GGUFFile, GGUFSet, GGUFValueType, StringArray
 
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -63,7 +63,14 @@ def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
     holds no tokenizer."""
     gguf = gset.first
     tensor_names = [t.name for _, t in gset.tensors]
-    with _quiet_transformers(), transformers_reads(gguf, tensor_names):
+    arch = gguf.get("general.architecture")
+    own = None
+    if arch == "deepseek2":  # (transformers' GGUF mapping has none: ours, hf_config.py)
+        try:
+            own = deepseek2_config(lambda key: gguf.get(f"{arch}.{key}"), gguf.get, set(tensor_names))
+        except ValueError as e:
+            raise EngineFilesSkipped(f"this {arch!r} model has no transformers config: {e}") from None
+    with _quiet_transformers(), transformers_reads(gguf, tensor_names, own):
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         source = os.path.abspath(gguf.path)
@@ -73,12 +80,10 @@ def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
             _keep_bos_flag(tokenizer, gguf, source)
         except Exception as e:  # noqa: BLE001 - metadata from the internet meets third-party code:
             # whatever transformers raises, the weights are still good; say why and go on
-            arch = gguf.get("general.architecture")
             what = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             raise EngineFilesSkipped(f"transformers could not describe this {arch!r} model "
                                      f"({what})") from None
     config = _gpt_oss_config(_moe_config(config, gguf), gguf)
-    arch = gguf.get("general.architecture")
     notes = complete_config(config, lambda key: gguf.get(f"{arch}.{key}"), set(tensor_names),
                             lambda name: _read_f32(gset, name))
     if unknown := unaccounted_keys(gguf.kvs, arch):
@@ -267,10 +272,12 @@ class ReaderView:
 
 
 @contextlib.contextmanager
-def transformers_reads(gguf: GGUFFile, tensor_names: list[str]):
+def transformers_reads(gguf: GGUFFile, tensor_names: list[str], config: dict | None = None):
     """Within this block, transformers reading `gguf.path` as a GGUF file reads our values.
     The metadata pass of `load_gguf_checkpoint` is remembered: AutoTokenizer repeats the
-    AutoConfig one, and each walks the whole vocabulary in Python."""
+    AutoConfig one, and each walks the whole vocabulary in Python. `config`: the config dict
+    that pass gives, for an architecture transformers' GGUF mapping does not know (its
+    tokenizer conversion does not depend on the architecture, but asks for the config first)."""
     import gguf as gguf_py
     import transformers.integrations.gguf as hf_gguf
     import transformers.integrations.gguf.reader as hf_reader
@@ -294,6 +301,8 @@ def transformers_reads(gguf: GGUFFile, tensor_names: list[str]):
     def load_gguf_checkpoint(path, return_tensors=False, *args, **kwargs):
         if return_tensors or os.path.realpath(path) != target:
             return real_checkpoint(path, return_tensors, *args, **kwargs)
+        if config is not None:
+            return {"config": copy.deepcopy(config)}
         if "parsed" not in remembered:
             remembered["parsed"] = real_checkpoint(path, False)
         return copy.deepcopy(remembered["parsed"])

@@ -14,6 +14,7 @@ engine does not need it, or named in a warning at convert (`unaccounted_keys`).
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable
 
 import numpy as np
@@ -31,6 +32,11 @@ MAPPED = {
     "expert_shared_feed_forward_length", "attn_logit_softcapping", "final_logit_softcapping",
     "ssm.conv_kernel", "ssm.state_size", "ssm.time_step_rank", "ssm.inner_size", "shortconv.l_cache",
     "use_parallel_residual",
+    # deepseek2's, read by `deepseek2_config`
+    "leading_dense_block_count", "attention.q_lora_rank", "attention.kv_lora_rank",
+    "attention.key_length_mla", "attention.value_length_mla", "expert_shared_count",
+    "expert_weights_scale", "expert_weights_norm", "expert_gating_func", "expert_group_count",
+    "expert_group_used_count",
 }
 # Keys that carry nothing an engine needs from config.json, each with the reason.
 IGNORED = {
@@ -43,7 +49,8 @@ IGNORED = {
     "general.file_type": "the weights' types are per tensor in the manifest",
     "general.quantization_version": "the blocks' format, checked per type by the reader",
     "general.alignment": "the file's layout, kept in the header bytes for export",
-    "attention.value_length": "equal to key_length in every architecture here (head_dim)",
+    "attention.value_length": "equal to key_length (head_dim) in every architecture here but deepseek2, "
+                              "where it is MLA's latent width (kv_lora_rank), checked against it",
     "tensor_data_layout": "Falcon's QKV row order, which the tensor mapping undoes",
     "ssm.dt_b_c_rms": "Falcon-Mamba's extra norms; Mamba's config has no such option (false here)",
 }
@@ -73,6 +80,8 @@ def complete_config(config, get: Callable[[str], object], tensor_names: set[str]
     key after "<arch>." (None if absent); `read_f32(name)` a float32 tensor. Returns warnings."""
     notes: list[str] = []
     head_dim = get("attention.key_length")
+    if config.model_type in MLA_MODEL_TYPES:
+        head_dim = None  # (deepseek2's key_length is MLA's as llama.cpp runs it: latent + rope)
     if head_dim and hasattr(config, "head_dim") and config.head_dim != head_dim:
         config.head_dim = int(head_dim)  # (Qwen3: transformers keeps the class default, 128)
     context = get("context_length")
@@ -155,10 +164,117 @@ def _scaling(config, get, tensor_names, read_f32, notes, theta: float) -> dict:
                           ("rope.scaling.attn_factor", "attention_factor")):
             if get(key) is not None:
                 rope[name] = float(get(key))
+        if config.model_type in MLA_MODEL_TYPES and get("rope.scaling.yarn_log_multiplier"):
+            # DeepSeek's mscale_all_dim, which the converter writes times 0.1; llama.cpp scales
+            # q.k by its mscale squared and leaves the rotary part unscaled, which is
+            # transformers' yarn with mscale equal to mscale_all_dim (as DeepSeek's configs say)
+            rope["mscale"] = rope["mscale_all_dim"] = _times_ten(get("rope.scaling.yarn_log_multiplier"))
         return rope
     notes.append(f"rope scaling {kind!r} has no transformers form here: config.json says the "
                  f"default rope")
     return {"rope_type": "default"}
+
+
+def _times_ten(stored) -> float:
+    """x from the float32 the converter stored for 0.1 * x: the shortest decimal that gives the
+    same float32 again (DeepSeek-V2-Lite's 0.707, not 0.70700001...)."""
+    target = np.float32(stored)
+    for digits in range(1, 10):
+        x = round(float(target) / 0.1, digits)
+        if np.float32(0.1 * x) == target:
+            return x
+    return float(target) / 0.1
+
+
+# -- deepseek2: transformers' GGUF mapping has none ---------------------------------------------
+
+# transformers' model types of llama.cpp's deepseek2 (multi-head latent attention)
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+# key (after "deepseek2.") -> config field, the inverse of DeepseekV2Model.set_gguf_parameters in
+# llama.cpp's convert_hf_to_gguf.py (conversion/deepseek.py); the other keys it writes are
+# read by deepseek2_config below, or by complete_config (rope)
+DEEPSEEK2_FIELDS = {
+    "context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size", "block_count": "num_hidden_layers",
+    "attention.head_count": "num_attention_heads", "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "vocab_size": "vocab_size", "leading_dense_block_count": "first_k_dense_replace",
+    "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
+    "rope.dimension_count": "qk_rope_head_dim", "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_count": "n_routed_experts", "expert_used_count": "num_experts_per_tok",
+    "expert_shared_count": "n_shared_experts", "expert_weights_scale": "routed_scaling_factor",
+    "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+    "rope.freq_base": "rope_theta",
+}
+# gguf's ExpertGatingFuncType
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+_TOKEN_IDS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
+              "pad_token_id": "tokenizer.ggml.padding_token_id"}
+
+
+def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], object],
+                     tensor_names: set[str]) -> dict:
+    """transformers' config (as a dict, model_type first) of a deepseek2 file: DeepseekV3's for
+    sigmoid routing (its score-correction bias, exp_probs_b, comes with it), DeepseekV2's for
+    softmax. `get(key)` reads a key after "deepseek2.", `get_key` a full one. Raises ValueError,
+    with the reason, for a file neither transformers class computes as llama.cpp does."""
+    fields = {field: get(key) for key, field in DEEPSEEK2_FIELDS.items() if get(key) is not None}
+    for key in ("attention.head_count", "attention.kv_lora_rank", "rope.dimension_count", "block_count"):
+        if get(key) is None:
+            raise ValueError(f"no deepseek2.{key}, which MLA needs")
+    heads, rope_dim, kv_lora = int(get("attention.head_count")), int(get("rope.dimension_count")), \
+        int(get("attention.kv_lora_rank"))
+    if get("attention.key_length_mla") is not None:
+        # MLA run as llama.cpp runs it, multi-query over the latent: key_length and value_length
+        # are the latent's (with the rope part), the model's heads are the _mla keys
+        widths = (get("attention.key_length"), get("attention.value_length"))
+        if widths not in ((None, None), (kv_lora + rope_dim, kv_lora)):
+            raise ValueError(f"attention.key_length/value_length {get('attention.key_length')}/"
+                             f"{get('attention.value_length')} are not MLA's latent widths "
+                             f"{kv_lora + rope_dim}/{kv_lora}")
+        key_length, value_length = get("attention.key_length_mla"), get("attention.value_length_mla")
+    else:  # (files from before llama.cpp ran MLA on the latent: the heads' own widths)
+        key_length, value_length = get("attention.key_length"), get("attention.value_length")
+    if key_length is None or value_length is None or int(key_length) <= rope_dim:
+        raise ValueError(f"attention key/value widths {key_length}/{value_length} do not fit a rope "
+                         f"width of {rope_dim}")
+    fields.update(qk_nope_head_dim=int(key_length) - rope_dim, v_head_dim=int(value_length),
+                  # llama.cpp writes head_count_kv 1 (multi-query over the latent); transformers
+                  # expands the latent to every head
+                  num_key_value_heads=heads)
+    fields.setdefault("q_lora_rank", None)  # (DeepSeek-V2-Lite: q_proj, no LoRA)
+    # absent: llama.cpp neither scales nor normalizes the chosen experts' weights
+    fields.setdefault("routed_scaling_factor", 1.0)
+    normalized = bool(get("expert_weights_norm"))
+    gating = get("expert_gating_func")
+    bias = any(re.fullmatch(r"blk\.\d+\.exp_probs_b\.bias", n) for n in tensor_names)
+    groups = int(fields.get("n_group") or 1)
+    if gating == GATING_SIGMOID:
+        # DeepSeek-V3: sigmoid scores, the bias added for the choice only, groups ranked by their
+        # two best scores, the chosen weights normalized or not, then scaled
+        model_type = "deepseek_v3"
+        fields.update(norm_topk_prob=normalized, n_group=groups,
+                      topk_group=int(fields.get("topk_group") or groups),
+                      rope_interleave=True)  # (llama.cpp rotates adjacent pairs)
+    elif gating in (None, GATING_SOFTMAX):  # (absent: llama.cpp takes softmax, DeepSeek-V2's)
+        if bias:
+            raise ValueError("softmax routing with a score-correction bias (exp_probs_b): neither "
+                             "of transformers' DeepSeek classes computes it")
+        if normalized:
+            raise ValueError("softmax routing with the chosen experts' weights normalized "
+                             "(expert_weights_norm): transformers' DeepseekV2 does not normalize them")
+        model_type = "deepseek_v2"
+        fields.update(topk_method="group_limited_greedy" if groups > 1 else "greedy", norm_topk_prob=False)
+    else:
+        raise ValueError(f"expert gating function {gating}: transformers' DeepSeek classes compute "
+                         f"softmax (V2) or sigmoid (V3) scores")
+    if "n_routed_experts" not in fields:  # (no experts: every layer dense)
+        fields["first_k_dense_replace"] = fields["num_hidden_layers"]
+    # (complete_config sets the scaling, as for every architecture)
+    fields["rope_parameters"] = {"rope_type": "default",
+                                 "rope_theta": float(fields.pop("rope_theta", 10000.0))}
+    for field, key in _TOKEN_IDS.items():
+        fields[field] = get_key(key)
+    return {"model_type": model_type, **fields}
 
 
 def llama3_rope_divisors(factor, low, high, original, theta, dim) -> np.ndarray:

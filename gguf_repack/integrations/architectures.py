@@ -8,8 +8,9 @@ expert count there; it has its own row). Each cell is TESTED, and then a test in
 docs/architectures.md's copy of the table to this one). Columns: `convert` (lossless re-tiling,
 verify, export: the format does not depend on the architecture), `transformers`
 (gguf_repack.hf.load_model against transformers' own GGUF path), `vllm` (the plugin, one rank,
-against the same tokens), `tp2` (the plugin at tensor_parallel_size=2), `llama_cpp` (files made
-by llama.cpp's own convert_hf_to_gguf.py at F32, F16, BF16 and Q8_0, through convert, verify
+on a file of llama.cpp's converter: the tokens of the model it was made from), `tp2` (the
+plugin at tensor_parallel_size=2), `llama_cpp` (files made by llama.cpp's own
+convert_hf_to_gguf.py at F32, F16, BF16 and Q8_0, through convert, verify
 and transformers, against the transformers model they were made from:
 tests/test_llama_cpp_files.py; the variants of each are in its note).
 """
@@ -39,7 +40,7 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "llama": _row(note="SmolLM2 (real file); synthetic with K-quants for TP 2; converter: tied, untied, "
                         "rope llama3, linear, yarn"),
     "mistral": _row(note="llama.cpp writes it as `llama` named Mistral"),
-    "mixtral": _row(vllm=NOT_IN_CI, note="`llama` with an expert count; MoE"),
+    "mixtral": _row(note="`llama` with an expert count; MoE"),
     "gemma2": _row(),
     "gemma3": _row(tp2="not run yet", note="Gemma 3 270M (real file); converter: linear rope x8 on "
                                             "the global layers"),
@@ -58,7 +59,18 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "lfm2": _row(vllm=LFM2_DIFFERS, tp2=LFM2_DIFFERS, note="short convolutions stay float32, as in the file"),
     "qwen2moe": _row(tp2="not run yet", note="MoE with a shared expert"),
     "qwen3moe": _row(tp2=NOT_IN_CI, note="MoE"),
-    "gpt-oss": _row(vllm=NOT_IN_CI, note="MoE; expert biases, attention sinks"),
+    # checked 2026-12-03: the first 6 of 8 greedy tokens equal, then not (tiny random model,
+    # sliding window 8 over a 40-token prompt); TP 2 on the synthetic file gives its tokens
+    "gpt-oss": _row(vllm="fails: llama.cpp's Q8_0 file gives other tokens after 6 of 8 (not "
+                         "investigated yet)", note="MoE; expert biases, attention sinks"),
+    # vLLM's CPU build builds its DeepseekV2 model from config.json (MLA included), then fails
+    # loading: the plugin hands its kv_b_proj llama.cpp's 3-D attn_k_b/attn_v_b unjoined
+    # ("start (0) + length (256) exceeds dimension size (4)"); checked 2026-12-03, F32 V2-Lite file
+    "deepseek2": _row(vllm="fails: the plugin gives kv_b_proj attn_k_b/attn_v_b unjoined",
+                      tp2="not run: fails at one rank first",
+                      note="MLA (kv_b_proj rejoined from attn_k_b and attn_v_b; quantized: held "
+                           "dequantized); MoE: V3's sigmoid routing with correction bias and groups, "
+                           "V2-Lite's softmax; config.json from the metadata (transformers maps none)"),
     # llama.cpp writes blk.N.layer_output_scale.weight; gguf-py names transformers' layer_scalar
     # without the suffix, so transformers' GGUF path skips the tensor (read, not run): no
     # reference to test against yet

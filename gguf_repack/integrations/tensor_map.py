@@ -45,6 +45,22 @@ _EXPERT_BIAS = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.(?P<proj>gate_up|dow
 EXPERT_TENSOR = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|down)_exps\.(?P<kind>weight|bias)")
 
 
+# MLA's kv_b_proj (deepseek2), which llama.cpp's converter splits per head into attn_k_b, the
+# key rows transposed to (kv_lora_rank, qk_nope_head_dim), and attn_v_b, the value rows: both
+# go to the one parameter, joined by `join_kv_b`
+MLA_KV_B_PART = re.compile(r"blk\.(?P<block>\d+)\.attn_(?P<part>k|v)_b\.weight")
+
+
+def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
+    """kv_b_proj's weight (heads * (qk_nope + v), kv_lora) from llama.cpp's attn_k_b (heads,
+    kv_lora, qk_nope) and attn_v_b (heads, v, kv_lora): per head its key rows, then its value
+    rows, as transformers' MLA splits them."""
+    if k_b.dim() != 3 or v_b.dim() != 3 or k_b.shape[0] != v_b.shape[0] or k_b.shape[1] != v_b.shape[2]:
+        raise RepackError(f"attn_k_b {list(k_b.shape)} and attn_v_b {list(v_b.shape)} are not the "
+                          f"two parts of one MLA kv_b_proj (heads, kv_lora, qk_nope) and (heads, v, kv_lora)")
+    return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
+
+
 def skip_reason(gguf_name: str) -> str | None:
     return next((why for pattern, why in SKIPPED.items() if re.fullmatch(pattern, gguf_name)), None)
 
@@ -75,9 +91,15 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
             inner = ".".join(parts[start:])
             base, dot, suffix = processor.preprocess_name(inner).rpartition(".")
             if suffix not in ("weight", "bias"):
-                # a parameter without a suffix: GGUF names it without one (Mamba's ssm_a) or,
-                # for a 3-D expert stack, .weight
-                base, dot, suffix = processor.preprocess_name(inner), "", ""
+                full = processor.preprocess_name(inner)
+                if full.endswith("_bias") and name_map.get_name(full[:-5]) is not None:
+                    # a bias named x_bias (DeepSeek-V3's e_score_correction_bias, a buffer),
+                    # which llama.cpp's converter renames x.bias before it maps the name
+                    base, dot, suffix = full[:-5], ".", "bias"
+                else:
+                    # a parameter without a suffix: GGUF names it without one (Mamba's ssm_a)
+                    # or, for a 3-D expert stack, .weight
+                    base, dot, suffix = full, "", ""
             gguf_name = name_map.get_name(base)
             if gguf_name is not None:
                 names.setdefault(gguf_name + dot + suffix, hf_name)
@@ -174,6 +196,10 @@ class TensorMapping:
         self.config = model.config.to_dict()
         self.processor = tensor_processor(arch, self.config)
         hf_names = gguf_to_hf_names(model, arch, self.processor)
+        for name in repacked:
+            joined = f"blk.{m['block']}.attn_kv_b.weight" if (m := MLA_KV_B_PART.fullmatch(name)) else None
+            if joined in hf_names and joined not in repacked:
+                hf_names[name] = hf_names[joined]  # (the file has the parts, not kv_b itself)
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
         params = model.state_dict(keep_vars=True)
         self._shapes = {name: tuple(params[hf].shape) for name, hf in self.names if hf in params}

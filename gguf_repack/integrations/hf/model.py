@@ -20,7 +20,9 @@ from gguf_repack.errors import FormatError, RepackError
 from gguf_repack.integrations.architectures import describe_support, support
 from gguf_repack.integrations.tensor_map import (
     EXPERT_TENSOR,
+    MLA_KV_B_PART,
     TensorMapping,
+    join_kv_b,
     meta_model,
     without_quantization_config,
 )
@@ -90,13 +92,16 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
     # as transformers' are: its names come from a fresh meta copy then
     mapping = TensorMapping(meta_model(model.config) if plain_only else model, repacked)
     expert_stacks: dict[str, dict[str, QTensor]] = {}  # experts module -> {gate, up, down}
+    kv_b_parts: dict[str, dict[str, QTensor | torch.Tensor]] = {}  # MLA kv_b_proj -> {k, v}
     dequantized: list[str] = []
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
         module = model.get_submodule(module_name)
         role = EXPERT_TENSOR.fullmatch(gguf_name)
-        if role and len(tensor.shape) == (3 if role["kind"] == "weight" else 2):
+        if part := MLA_KV_B_PART.fullmatch(gguf_name):
+            kv_b_parts.setdefault(hf_name, {})[part["part"]] = (gguf_name, tensor)
+        elif role and len(tensor.shape) == (3 if role["kind"] == "weight" else 2):
             # an expert stack or its biases: placed with its module's others
             if not plain_only:
                 key = role["role"] + ("_bias" if role["kind"] == "bias" else "")
@@ -114,12 +119,18 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
         elif not plain_only:
             weight = mapping.quantized(gguf_name, tensor, conv1d=_is_conv1d(module))
             _place_quantized(model, module_name, module, param, gguf_name, weight, dtype, backend)
+    joined = _place_kv_b(model, kv_b_parts, mapping, dtype)
     if plain_only:
         return
     if dequantized:
         warnings.warn(f"gguf_repack: {len(dequantized)} quantized tensors are held dequantized, "
                       f"their modules compute on float weights only: {', '.join(dequantized)}",
                       stacklevel=3)
+    if joined:
+        warnings.warn(f"gguf_repack: {len(joined)} quantized MLA kv_b_proj weights are held "
+                      f"dequantized: llama.cpp stores their key rows transposed (attn_k_b), "
+                      f"quantized along the other axis, which no row order of the blocks "
+                      f"undoes: {', '.join(joined)}", stacklevel=3)
     for module_name, stacks in expert_stacks.items():
         _place_experts(model, module_name, stacks, backend)
     _tie_output_embeddings(model, backend)
@@ -135,7 +146,30 @@ def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:
     if current is not None and current.shape != value.shape:
         raise FormatError(f"{hf_name}: the GGUF tensor has shape {list(value.shape)}, the model "
                           f"expects {list(current.shape)}")
-    module._parameters[param] = nn.Parameter(value, requires_grad=False)
+    if param in module._buffers:  # (DeepSeek-V3's e_score_correction_bias: a buffer there)
+        module._buffers[param] = value
+    else:
+        module._parameters[param] = nn.Parameter(value, requires_grad=False)
+
+
+def _place_kv_b(model, parts: dict[str, dict], mapping: TensorMapping, dtype) -> list[str]:
+    """MLA's kv_b_proj weights joined from llama.cpp's two parts (tensor_map.join_kv_b): exact,
+    in float; a quantized part dequantized (its blocks run along the other axis of kv_b_proj).
+    Returns the names of the GGUF parts that were quantized."""
+    quantized = []
+    for hf_name, found in parts.items():
+        if set(found) != {"k", "v"}:
+            raise FormatError(f"{hf_name}: the file has {found[next(iter(found))][0]} without its "
+                              f"other half (attn_k_b and attn_v_b make MLA's kv_b_proj)")
+        values = {}
+        for part, (gguf_name, tensor) in found.items():
+            if isinstance(tensor, QTensor):
+                quantized.append(gguf_name)
+                tensor = tensor.dequantize(torch.float32)
+            values[part] = mapping.plain(gguf_name, tensor, dtype)
+        module_name, _, param = hf_name.rpartition(".")
+        _place_plain(model.get_submodule(module_name), param, hf_name, join_kv_b(values["k"], values["v"]))
+    return quantized
 
 
 def _place_quantized(model, module_name, module, param, gguf_name, weight: QTensor,
@@ -203,7 +237,7 @@ def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Te
 # transformers' experts modules that compute act(x @ gate.T + b) * (x @ up.T + b) @ down.T + b per
 # expert, weighted by the router: what QuantExperts computes; whether they have biases
 EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeExperts": False,
-                  "GptOssExperts": True}
+                  "GptOssExperts": True, "DeepseekV2Experts": False, "DeepseekV3Experts": False}
 
 
 def _activation(module):

@@ -1,0 +1,311 @@
+"""llama.cpp's deepseek2 through transformers: files made by llama.cpp's own convert_hf_to_gguf.py
+from tiny random DeepSeek-V3 and DeepSeek-V2-Lite-shaped transformers models
+(tests/llama_cpp.py, MLA_MODELS), converted here and loaded with load_model, against the model
+each file was made from.
+
+transformers' GGUF mapping has no deepseek2, so config.json is ours, the inverse of llama.cpp's
+converter (gguf_repack/converter/hf_config.py: deepseek2_config); the model it builds is
+transformers' own DeepseekV2/V3 class, whose router computes the routing (sigmoid scores with
+the correction bias, expert groups, scaling), with only the experts' products on quantized
+stacks (QuantExperts). llama.cpp splits MLA's kv_b_proj per head into attn_k_b (transposed)
+and attn_v_b; they are joined back exactly (float files), or held dequantized where quantized
+(their blocks run along the other axis), with a warning that says so.
+
+- F32, F16, BF16: the model's weights are bfloat16 values, held exactly: KL <= 1e-4 per
+  position over 40 tokens (past the YaRN model's original context of 16), the same 8 greedy
+  tokens.
+- Q8_0: against the same model with each weight the file holds as Q8_0 replaced by gguf-py's
+  Q8_0 round trip along the axis the file quantizes it (kv_b_proj's key part: per column, as
+  attn_k_b holds it), KL <= 1e-3; at most 1.2x the file's tensor bytes held.
+
+DeepSeek-V3's score-correction bias is a buffer, which build_model leaves at zero: the V3
+files here are made from the model with a random bias, so that a bias lost on the way fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hf_models import assert_same_predictions, kl_per_position
+from llama_cpp import (
+    LLAMA_CPP_PYTHON,
+    MLA_MODELS,
+    _locked,
+    build_model,
+    cache_root,
+    hf_model_dir,
+    llama_cpp_files,
+    run_converter,
+)
+
+from gguf_repack import convert, export, verify
+from gguf_repack.converter.hf_config import _times_ten, deepseek2_config
+from gguf_repack.converter.reader import read_gguf
+from gguf_repack.integrations.tensor_map import join_kv_b
+
+PROMPT = ("The three primary colors are red, yellow and blue. The capital of France is Paris, "
+          "and the capital of Italy is Rome. def fibonacci(n): return n if n < 2 else "
+          "fibonacci(n - 1) + fibonacci(n - 2)")
+N_PROMPT = 40
+KL_Q8_0 = 1e-3
+BIAS_SEED = 5
+FLOAT_PAIRS = [("deepseek-v3", "f32"), ("deepseek-v3", "f16"), ("deepseek-v3", "bf16"),
+               ("deepseek-v2-lite", "f32")]
+NAMES = sorted(MLA_MODELS)
+# the cells of docs/architectures.md's table these tests check
+CELLS = [pytest.mark.architecture(column, "deepseek2") for column in ("convert", "transformers", "llama_cpp")]
+
+
+def reference(name: str) -> torch.nn.Module:
+    """The transformers model a file was made from: build_model's, and for V3 each router's
+    score-correction bias random too (bfloat16 values, as every weight)."""
+    model = build_model(name)
+    generator = torch.Generator().manual_seed(BIAS_SEED)
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if bias is not None:
+                bias.copy_((torch.randn(bias.shape, generator=generator) * 0.2).to(torch.bfloat16).float())
+    return model
+
+
+def made_files(name: str, outtypes) -> dict[str, Path]:
+    """llama.cpp's files of `reference(name)`, one per outtype, made once into the cache."""
+    if MLA_MODELS[name][0] != "deepseek_v3":  # (no bias: build_model's model is the reference)
+        return {t: path for (_, t), path in llama_cpp_files([(name, t) for t in outtypes]).items()}
+    plain = hf_model_dir(name)
+    key = hashlib.sha256(json.dumps([plain.parent.name, BIAS_SEED, LLAMA_CPP_PYTHON]).encode()).hexdigest()
+    root = cache_root() / "llama.cpp-made" / f"{name}-bias-{key[:12]}"
+    hf = root / "hf"
+    with _locked(hf):
+        if not (hf / "config.json").is_file():
+            tmp = Path(tempfile.mkdtemp(dir=root.parent))
+            reference(name).save_pretrained(tmp)
+            for f in plain.iterdir():  # the tokenizer
+                if f.is_file() and f.name.startswith("tokenizer"):
+                    shutil.copy(f, tmp / f.name)
+            os.replace(tmp, hf)
+    files = {t: root / f"{name}-{t}.gguf" for t in outtypes}
+    with _locked(root / "convert"):
+        if missing := [(hf, t, path) for t, path in files.items() if not path.is_file()]:
+            run_converter(missing)
+    return files
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """(name, outtype) -> (llama.cpp's file, our output directory, convert's summary)."""
+    cache = {}
+
+    def get(name: str, outtype: str):
+        if (name, outtype) not in cache:
+            src = made_files(name, [outtype])[outtype]
+            out = tmp_path_factory.mktemp(f"{name}-{outtype}") / "out"
+            cache[name, outtype] = src, out, convert(src, out)
+        return cache[name, outtype]
+    return get
+
+
+def prompt_ids(out) -> torch.Tensor:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
+    assert ids.shape[1] >= N_PROMPT, ids.shape
+    return ids[:, :N_PROMPT]
+
+
+def held_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def file_tensor_bytes(src) -> int:
+    return sum(t.nbytes for t in read_gguf(src).tensors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "outtype"), [pytest.param(*p, marks=CELLS) for p in FLOAT_PAIRS])
+def test_float_file_gives_the_model_it_was_made_from(name, outtype, made, recwarn):
+    from gguf_repack.hf import QuantExperts, load_model
+
+    src, out, summary = made(name, outtype)
+    assert verify(out, against=src).ok
+    assert summary.engine_file_warnings == []
+    ours, ref = load_model(out), reference(name)
+    assert not [w for w in recwarn if "gguf_repack" in str(w.message)]  # nothing dequantized
+    assert_same_predictions(ours, ref, prompt_ids(out), steps=8)
+    # transformers' own experts module on float stacks, its own router; kv_b_proj joined exactly
+    moe = ours.model.layers[1].mlp
+    assert not isinstance(moe.experts, QuantExperts)
+    assert type(moe.gate) is type(ref.model.layers[1].mlp.gate)
+    for layer, ref_layer in zip(ours.model.layers, ref.model.layers):
+        expected = ref_layer.self_attn.kv_b_proj.weight
+        if outtype == "f16":  # (bfloat16 values below float16's normal range are rounded there)
+            expected = expected.half().float()
+        assert torch.equal(layer.self_attn.kv_b_proj.weight, expected)
+    if MLA_MODELS[name][0] == "deepseek_v3":
+        bias = moe.gate.e_score_correction_bias
+        assert bias.abs().sum() > 0
+        assert torch.equal(bias, ref.model.layers[1].mlp.gate.e_score_correction_bias)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+
+
+def _q8_0_round_trip(w: torch.Tensor) -> torch.Tensor:
+    """gguf-py's Q8_0 quantization of each row of `w` (the last axis), dequantized."""
+    rows = w.reshape(-1, w.shape[-1]).numpy()
+    back = gguf.quants.dequantize(gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
+                                  gguf.GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(back).reshape(w.shape)
+
+
+def q8_0_reference(name: str, src):
+    """reference(name) with every weight the converter writes as Q8_0 (each 2-D or 3-D weight
+    but the router's, which it keeps float32) replaced by its Q8_0 round trip, along the axis
+    the file quantizes it: rows, and for kv_b_proj, which the converter splits per head into
+    the key part transposed (attn_k_b) and the value part, the key part's columns. Returns the
+    model and the Q8_0 weights counted, in the file and in the model."""
+    model = reference(name)
+    config = model.config
+    in_file = sum(int(np.prod(t.shape)) for t in read_gguf(src).tensors if t.type.name == "Q8_0")
+    in_model = 0
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() < 2 or pname.endswith("mlp.gate.weight"):
+                continue
+            if pname.endswith("kv_b_proj.weight"):
+                nope = config.qk_nope_head_dim
+                heads = p.view(config.num_attention_heads, nope + config.v_head_dim, config.kv_lora_rank)
+                key = _q8_0_round_trip(heads[:, :nope].transpose(1, 2).contiguous()).transpose(1, 2)
+                value = _q8_0_round_trip(heads[:, nope:].contiguous())
+                p.copy_(torch.cat([key, value], dim=1).reshape(p.shape))
+            else:
+                p.copy_(_q8_0_round_trip(p))
+            in_model += p.numel()
+    return model, in_file, in_model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(n, marks=CELLS) for n in NAMES])
+def test_q8_0_file_gives_the_model_with_q8_0_weights(name, made):
+    from transformers import AutoModelForCausalLM
+
+    from gguf_repack.hf import QuantExperts, QuantLinear, load_model
+
+    src, out, summary = made(name, "q8_0")
+    assert verify(out, against=src).ok
+    assert summary.engine_file_warnings == []
+    with pytest.warns(UserWarning, match=r"4 quantized MLA kv_b_proj weights are held dequantized.*"
+                                         r"blk\.0\.attn_k_b\.weight"):
+        ours = load_model(out)
+    assert isinstance(ours.model.layers[1].mlp.experts, QuantExperts)
+    assert isinstance(ours.model.layers[1].self_attn.o_proj, QuantLinear)
+    assert held_bytes(ours) <= 1.2 * file_tensor_bytes(src), (held_bytes(ours), file_tensor_bytes(src))
+    ref, in_file, in_reference = q8_0_reference(name, src)
+    assert in_reference == in_file
+    ids = prompt_ids(out)
+    with torch.no_grad():
+        logits = ours(ids).logits
+        kl = kl_per_position(ref(ids).logits[0], logits[0])
+    assert kl.max().item() <= KL_Q8_0, kl.max().item()
+
+    with pytest.warns(UserWarning, match="held dequantized"):
+        via_auto = AutoModelForCausalLM.from_pretrained(out)  # the registered quantizer
+    assert isinstance(via_auto.model.layers[1].mlp.experts, QuantExperts)
+    assert held_bytes(via_auto) <= 1.2 * file_tensor_bytes(src)
+    with torch.no_grad():
+        assert torch.equal(via_auto(ids).logits, logits)
+
+
+@pytest.mark.slow
+@pytest.mark.architecture("convert", "deepseek2")
+def test_deepseek2_files_export_byte_for_byte(made, tmp_path):
+    for outtype in ("f32", "q8_0"):
+        src, out, _ = made("deepseek-v3", outtype)
+        export(out, tmp_path / f"{outtype}.gguf")
+        assert (tmp_path / f"{outtype}.gguf").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.slow
+def test_config_json_is_the_models_own(made):
+    """What llama.cpp's converter keeps of each model's config comes back in config.json."""
+    fields = ["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+              "first_k_dense_replace", "moe_intermediate_size", "n_shared_experts", "n_routed_experts",
+              "num_experts_per_tok", "routed_scaling_factor", "num_attention_heads", "num_key_value_heads",
+              "hidden_size", "intermediate_size", "num_hidden_layers", "max_position_embeddings"]
+    for name in NAMES:
+        config = json.loads((made(name, "f32")[1] / "config.json").read_text())
+        own = build_model(name).config
+        assert config["model_type"] == own.model_type
+        assert {f: config[f] for f in fields} == {f: getattr(own, f) for f in fields}
+        assert config["rope_parameters"] == own.rope_parameters
+        if own.model_type == "deepseek_v3":
+            assert (config["n_group"], config["topk_group"], config["norm_topk_prob"]) == (4, 2, True)
+        else:
+            assert (config["topk_method"], config["norm_topk_prob"]) == ("greedy", False)
+
+
+# -- fast ---------------------------------------------------------------------------------
+
+
+def test_kv_b_comes_back_from_llama_cpps_split():
+    """join_kv_b undoes the converter's split (conversion/deepseek.py: kv_b_proj viewed per head
+    as (qk_nope + v, kv_lora) rows, split, the key part transposed), for widths that all differ."""
+    heads, nope, v, kv_lora = 3, 16, 8, 24
+    kv_b = torch.randn(heads * (nope + v), kv_lora)
+    per_head = kv_b.view(heads, nope + v, kv_lora)
+    k_b, v_b = per_head[:, :nope].transpose(1, 2), per_head[:, nope:]  # (3, 24, 16), (3, 8, 24)
+    assert torch.equal(join_kv_b(k_b, v_b), kv_b)
+    with pytest.raises(Exception, match="not the two parts"):
+        join_kv_b(v_b, k_b)
+
+
+def _keys(**extra):
+    keys = {"block_count": 2, "attention.head_count": 4, "attention.kv_lora_rank": 32,
+            "rope.dimension_count": 32, "attention.key_length": 64, "attention.value_length": 32,
+            "attention.key_length_mla": 64, "attention.value_length_mla": 32, "expert_count": 8,
+            "expert_used_count": 2, "embedding_length": 128, "rope.freq_base": 10000.0}
+    return {**keys, **extra}
+
+
+def _config(keys, tensors=()):
+    return deepseek2_config(keys.get, {}.get, set(tensors))
+
+
+def test_the_routing_picks_transformers_class():
+    v3 = _config(_keys(expert_gating_func=2, expert_weights_norm=True, expert_group_count=4,
+                       expert_group_used_count=2, expert_weights_scale=2.5), ["blk.1.exp_probs_b.bias"])
+    assert (v3["model_type"], v3["n_group"], v3["topk_group"], v3["norm_topk_prob"],
+            v3["routed_scaling_factor"]) == ("deepseek_v3", 4, 2, True, 2.5)
+    assert (v3["qk_nope_head_dim"], v3["v_head_dim"], v3["num_key_value_heads"],
+            v3["q_lora_rank"]) == (32, 32, 4, None)
+    v2 = _config(_keys(expert_gating_func=1))
+    assert (v2["model_type"], v2["topk_method"], v2["norm_topk_prob"]) == ("deepseek_v2", "greedy", False)
+    assert _config(_keys())["model_type"] == "deepseek_v2"  # (no key: llama.cpp takes softmax)
+    grouped = _config(_keys(expert_group_count=8, expert_group_used_count=3))
+    assert grouped["topk_method"] == "group_limited_greedy"
+
+
+@pytest.mark.parametrize(("extra", "tensors", "why"), [
+    ({"expert_gating_func": 1}, ["blk.1.exp_probs_b.bias"], "softmax routing with a score-correction bias"),
+    ({}, ["blk.1.exp_probs_b.bias"], "softmax routing with a score-correction bias"),
+    ({"expert_weights_norm": True}, [], "does not normalize"),
+    ({"expert_gating_func": 3}, [], "gating function 3"),
+    ({"attention.key_length": 128}, [], "not MLA's latent widths"),
+])
+def test_routing_no_transformers_class_computes_is_refused(extra, tensors, why):
+    with pytest.raises(ValueError, match=why):
+        _config(_keys(**extra), tensors)
+
+
+def test_mscale_comes_back_from_the_log_multiplier():
+    """The converter writes 0.1 * mscale_all_dim as a float32."""
+    for mscale in (0.707, 1.0, 0.1):
+        assert _times_ten(float(np.float32(0.1 * mscale))) == mscale
