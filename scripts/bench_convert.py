@@ -2,7 +2,7 @@
 """Convert benchmark: time against cp, peak memory against file size, output size.
 
     python scripts/bench_convert.py [--repeat 7] [--big-gib 2] [--model-gib 3] [--model-repeat 5]
-                                    [--workdir DIR]
+                                    [--archive-repeat 3] [--only archive] [--workdir DIR]
 
 1. Time: `gguf-repack convert --weights-only` of the Gemma 3 file vs `cp` of the same file,
    page cache warm, alternating in one run; median of --repeat runs each. Reported for the CLI
@@ -17,6 +17,11 @@
    of that size (both written here, tensor by tensor), each minus the peak RSS of a process
    that only imports gguf_repack: streaming means the two stay about equal.
 3. Output size (weights, manifest, header) over source size, for both real models.
+4. An archive rerun: both real models hard-linked into a folder, `gguf-repack convert DIR OUT`
+   (the whole convert, engine files included) against the same command again on the unchanged
+   folder (skipped by size and mtime: no source read) and again with --checksum (each source's
+   sha256 compared), alternating, median of --archive-repeat runs each. --archive-repeat 0
+   skips it; --only archive runs nothing else.
 """
 
 from __future__ import annotations
@@ -180,12 +185,46 @@ def bench_model(work: Path, gib: float, repeat: int, cli: list[str]) -> dict | N
             "rss": rss}
 
 
+def bench_archive(work: Path, models: list[Path], repeat: int) -> dict:
+    """The first convert of a folder against reruns of it unchanged (size and mtime; sha256)."""
+    folder, out = work / "archive", work / "archive-out"
+    folder.mkdir()
+    for model in models:  # a hard link keeps the source's mtime: what an archive's rerun sees
+        (folder / model.name).hardlink_to(model)
+    cli = [sys.executable, "-m", "gguf_repack", "convert", "--no-progress", str(folder), str(out)]
+    first, rerun, checksum = [], [], []
+    for _ in range(repeat):
+        shutil.rmtree(out, ignore_errors=True)
+        first.append(timed(cli))
+        rerun.append(timed(cli))
+        checksum.append(timed([*cli, "--checksum"]))
+    shutil.rmtree(out, ignore_errors=True)
+    return {"models": [m.name for m in models], "first": first, "rerun": rerun,
+            "checksum": checksum}
+
+
+def archive_lines(archive: dict) -> list[str]:
+    first, rerun, checksum = (statistics.median(archive[k]) for k in ("first", "rerun", "checksum"))
+    runs = {k: ", ".join(f"{t:.2f}" for t in archive[k]) for k in ("first", "rerun", "checksum")}
+    return [f"An archive rerun: `gguf-repack convert DIR OUT` on a folder of "
+            f"{' and '.join(archive['models'])} (hard links), then again on the unchanged folder, "
+            f"then again with --checksum, alternating, median of {len(archive['first'])}:", "",
+            "| what | seconds (median) | runs | ratio to the first run |", "| --- | --- | --- | --- |",
+            f"| first run (converts both) | {first:.2f} | {runs['first']} | 1.00 |",
+            f"| rerun, unchanged (size and mtime) | {rerun:.2f} | {runs['rerun']} | "
+            f"{rerun / first:.3f} |",
+            f"| rerun, unchanged, `--checksum` (sha256) | {checksum:.2f} | {runs['checksum']} | "
+            f"{checksum / first:.3f} |"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--big-gib", type=float, default=2.0)
     ap.add_argument("--model-gib", type=float, default=3.0)
     ap.add_argument("--model-repeat", type=int, default=5)
+    ap.add_argument("--archive-repeat", type=int, default=3)
+    ap.add_argument("--only", choices=["archive"], default=None)
     ap.add_argument("--workdir", type=Path, default=None)
     args = ap.parse_args()
 
@@ -195,6 +234,13 @@ def main() -> None:
     smollm2 = fetch(SMOLLM2)
     work = Path(tempfile.mkdtemp(prefix="bench-convert-", dir=args.workdir))
     cli = [sys.executable, "-m", "gguf_repack", "convert", "--force", "--no-progress"]
+    if args.only == "archive":
+        try:
+            archive = bench_archive(work, [smollm2, gemma], max(args.archive_repeat, 1))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print("\n".join([machine_line(), "", *archive_lines(archive)]))
+        return
     try:
         # 1. time vs cp
         out, copy = work / "gemma-out", work / "gemma-copy.gguf"
@@ -236,6 +282,9 @@ def main() -> None:
             summary = convert(model, o, force=True)
             engine = sum((o / name).stat().st_size for name in summary.engine_files)
             sizes[model.name] = (model.stat().st_size, summary.bytes_out - engine, engine)
+
+        # 4. an archive rerun
+        archive = bench_archive(work, [smollm2, gemma], args.archive_repeat) if args.archive_repeat else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -276,6 +325,8 @@ def main() -> None:
               "| --- | --- | --- | --- | --- |"]
     for name, (src_b, out_b, engine_b) in sizes.items():
         lines.append(f"| {name} | {src_b:,} | {out_b:,} | {out_b / src_b:.4f} | {engine_b:,} |")
+    if archive:
+        lines += ["", *archive_lines(archive)]
     print("\n".join(lines))
 
 
