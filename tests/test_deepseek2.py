@@ -46,16 +46,13 @@ from llama_cpp import (
     llama_cpp_files,
     run_converter,
 )
+from test_llama_cpp_files import prompt_ids  # the same prompt as the other converter files
 
 from gguf_repack import convert, export, verify
 from gguf_repack.converter.hf_config import _times_ten, deepseek2_config
 from gguf_repack.converter.reader import read_gguf
 from gguf_repack.integrations.tensor_map import join_kv_b
 
-PROMPT = ("The three primary colors are red, yellow and blue. The capital of France is Paris, "
-          "and the capital of Italy is Rome. def fibonacci(n): return n if n < 2 else "
-          "fibonacci(n - 1) + fibonacci(n - 2)")
-N_PROMPT = 40
 KL_Q8_0 = 1e-3
 BIAS_SEED = 5
 FLOAT_PAIRS = [("deepseek-v3", "f32"), ("deepseek-v3", "f16"), ("deepseek-v3", "bf16"),
@@ -113,14 +110,6 @@ def made(tmp_path_factory):
             cache[name, outtype] = src, out, convert(src, out)
         return cache[name, outtype]
     return get
-
-
-def prompt_ids(out) -> torch.Tensor:
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
-    assert ids.shape[1] >= N_PROMPT, ids.shape
-    return ids[:, :N_PROMPT]
 
 
 def held_bytes(model) -> int:
