@@ -193,7 +193,6 @@ MATMUL_RULE: dict[str, tuple] = {
     ),
     'NVFP4': (
         (2, 'gemv'),
-        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
@@ -242,35 +241,39 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'Q5_0': (
-        (2, 'gemv'),
-        (16, 'gemm_bm16'),
+        (1, 'gemv'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q5_1': (
-        (2, 'gemv'),
-        (16, 'gemm_bm16'),
+        (1, 'gemv'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
-    'Q5_K': ((2, 'gemv'), (32, 'gemm_bm32'), (128, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'Q6_K': (
-        (2, 'gemv'),
+    'Q5_K': (
+        (1, 'gemv'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (128, 'gemm_bm128'),
+        (256, 'gemm_bm128'),
+        (None, 'dequantize+matmul'),
+    ),
+    'Q6_K': (
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (64, 'gemm_bm64'),
+        (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q8_0': (
-        (2, 'gemv'),
-        (16, 'gemm_bm16'),
+        (1, 'gemv'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (128, 'gemm_bm128'),
+        (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'TQ1_0': (
@@ -359,10 +362,12 @@ SWAP_AB_TYPES = frozenset(["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K",
 
 # The swapped BM = 128 tile (where MATMUL_RULE takes "gemm_bm128": one pass over the weight
 # for up to 128 rows, where BM = 64 makes two): BN = 128 over 8 warps (two warpgroups, each
-# its 64 weight rows) for 256-weight blocks, BN = 64 over 4 warps for the others. Not for these,
-# whose tile spills registers at both (sm_90 SASS, fp16 x: IQ4_XS 34 / 55, Q5_K 4 / 26); they
-# take BM = 64 there.
-BM128_SPILLS = frozenset(["IQ4_XS", "Q5_K"])
+# its 64 weight rows) for 256-weight blocks, BN = 64 over 4 warps for the others and for
+# BM128_NARROW (sm_90 SASS, fp16 x: Q6_K's 128-wide tile spills 10 bytes, its 64-wide one
+# none, at 0.92 of the bytes' bound). Not for BM128_SPILLS, whose tile spills registers at
+# both (IQ4_XS: 34 / 55 bytes); it takes BM = 64 there.
+BM128_SPILLS = frozenset(["IQ4_XS"])
+BM128_NARROW = frozenset(["Q6_K"])
 
 
 def swap_ab(type_name: str, bm: int, dtype) -> bool:
@@ -374,12 +379,18 @@ def swap_ab(type_name: str, bm: int, dtype) -> bool:
 
 def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
     """The default BN of the fused GEMM's (and the expert GEMM's) BM-row tile for x of
-    `dtype`: from BM = 32 on 32, or 64 where the tile is swapped (swap_ab); at BM = 16
-    wider, by block size and type (see above)."""
+    `dtype`: from BM = 32 on 32, or where the tile is swapped (swap_ab) 64, and 128 for
+    blocks under 256 weights (a 64-row tile of them left each warp 16 weights an iteration
+    against some 90 instructions of the loop's own: sm_90 SASS, fp16 x, Q4_0 at BM = 32
+    0.50 -> 0.78 of the bytes' bound, Q8_0 0.75 -> 1.0, IQ4_NL 0.40 -> 0.51; 128 for
+    256-weight blocks spills, Q4_K 31 bytes); at BM = 16 wider, by block size and type (see
+    above)."""
     if bm == 128:
-        return 128 if block_size >= 256 else 64
+        return 128 if block_size >= 256 and type_name not in BM128_NARROW else 64
     if bm != 16:
-        return 64 if swap_ab(type_name, bm, dtype) else 32
+        if not swap_ab(type_name, bm, dtype):
+            return 32
+        return 128 if block_size < 256 else 64
     if act_name(dtype) == "fp16" and type_name in GEMM_M16_BN_F16:
         return GEMM_M16_BN_F16[type_name]
     return GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128)
@@ -474,7 +485,7 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     weights, whose tiles are small) and split K restores the programs it takes away: K is
     split (in a power of two that divides the block columns) up to 2 programs an SM, not
     beyond: each split adds M x N float32 atomics. From BM = 32 on the swapped tile (swap_ab)
-    is BN = 64 (at BM = 128 and 256-weight blocks, 128 over two warpgroups: BM128_SPILLS).
+    is BN = 64, or 128 (gemm_bn; at BM = 128 and 256-weight blocks, over two warpgroups).
     `tile` (BN, num_warps, num_stages) replaces the default as given (the tuner's
     candidates); else the tuned one (tuned_configs.json) where it fits; the result is fitted
     to the device's shared memory (fit_shared_memory: float32 x's BM = 64 tile of 256-weight

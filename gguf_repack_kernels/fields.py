@@ -65,14 +65,6 @@ def field_h(P, j, rows, mask, N):
     return tl.load(P.to(tl.pointer_type(tl.float16)) + base, mask=mask, other=0.0)[:, None]
 
 
-@triton.jit
-def small_int_f16(q, OFFSET: tl.constexpr):
-    """q - OFFSET as float16, exactly, for integers 0 <= q < 1024: q ORed under float16's
-    exponent of 1024 (0x6400 is 1024.0, and its 10 mantissa bits are q), less 1024 + OFFSET.
-    An OR and a subtraction, where I2F converts at a sixteenth of the FMA rate."""
-    return (q.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True) - (1024.0 + OFFSET)
-
-
 # --- nibbles to float16 a word at a time (the fused GEMM's float16 dequant functions) -----
 #
 # Unpacking byte by byte costs a PRMT per byte to widen it to 16 bits, and more to pair the
@@ -126,6 +118,32 @@ def nibbles_f16(w, RUN: tl.constexpr, Z):
     v = (t >> (4 * high + 8 * pair)) & (0x000F000F + Z) | (0x64006400 + Z)
     q = tl.reshape(f16_halves(v), (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
+
+
+# --- whole bytes to float16 a word at a time (Q5_x, Q6_K, Q8_0) ----------------------------
+#
+# Where a weight's bits are assembled into a byte first (a nibble and its fifth or fifth and
+# sixth bits, or Q8_0's byte as it is), a PRMT puts two bytes under float16's exponent of
+# 1024 at once: with b = 0x64646464, selector 0x4140 gives bytes [b0, 0x64, b1, 0x64], two
+# float16 halves 1024 + b0 and 1024 + b1, and 0x4342 the same of b2, b3: two PRMTs for four
+# weights, paired as the MMA takes them, in the bytes' order.
+BYTES_F16_PTX = tl.constexpr("prmt.b32 $0, $2, $3, 0x4140; prmt.b32 $1, $2, $3, 0x4342;")
+
+
+@triton.jit
+def bytes_f16(w, Z):
+    """int32 [R, n] -> float16 [R, 4n]: 1024 + each byte (unsigned), exactly, in the bytes'
+    order. Z: opaque_zero (keeps 0x64646464 in a register, not rematerialized a PRMT)."""
+    R: tl.constexpr = w.shape[0]
+    n: tl.constexpr = w.shape[1]
+    if INTERPRETED:
+        lo = (w & 0xFF) | ((w << 8) & 0xFF0000) | 0x64006400
+        hi = (shr(w, 16) & 0xFF) | (shr(w, 8) & 0xFF0000) | 0x64006400
+    else:
+        lo, hi = tl.inline_asm_elementwise(BYTES_F16_PTX, "=r,=r,r,r", [w, 0x64646464 + Z],
+                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    q = tl.join(f16_halves(lo), f16_halves(hi))  # [R, n, byte within the half, half]
+    return tl.reshape(tl.permute(q, (0, 1, 3, 2)), (R, 4 * n))
 
 
 @triton.jit

@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    bytes_f16,
     concat,
     dot4,
     dot4_2bit,
@@ -338,7 +339,29 @@ def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return scaled_minus_min(P0, P1, P2, j, rows, mask, N, q)
 
 
-@register("Q5_K", 256, ("d", "dmin", "scales", "qh", "qs"), dot=q5_k_dot, dot_parts=(1, 2, 4))
+@triton.jit
+def q5_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """Q5_K for the fused GEMM with float16 x, as q4_k_f16 with each weight's fifth bit: group
+    g's qs word c holds the low nibbles of sub-block 2g and the high ones of 2g + 1, whose
+    fifth bits are bits 2g and 2g + 1 of each byte of qh word c; OR'd above the nibbles in
+    place, then the bytes to float16 a word at a time (fields.bytes_f16)."""
+    R: tl.constexpr = rows.shape[0]
+    qs = tl.reshape(field_run(P4, j, rows, mask, N, 32, 0, 32, tl.int32), (R, 4, 1, 8))
+    qh = field_run(P3, j, rows, mask, N, 8, 0, 8, tl.int32).to(tl.uint32, bitcast=True)
+    high = tl.arange(0, 2)[None, None, :, None]  # the high nibbles: sub-block 2g + 1
+    fifth = 2 * tl.arange(0, 4)[None, :, None, None] + high  # its bit in each qh byte
+    q5 = (((qs.to(tl.uint32, bitcast=True) >> (4 * high)) & 0x0F0F0F0F)
+          | (((tl.reshape(qh, (R, 1, 1, 8)) >> fifth) << 4) & 0x10101010))
+    v = bytes_f16(tl.reshape(q5.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N))
+    q = tl.reshape(v - 1024.0, (R, 8, 32))
+    sc, mn = scales_mins(P2, j, rows, mask, N)
+    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
+    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
+    return tl.reshape(q * dl[:, :, None] - ml[:, :, None], (R, 256))
+
+
+@register("Q5_K", 256, ("d", "dmin", "scales", "qh", "qs"), dot=q5_k_dot, dot_parts=(1, 2, 4),
+          dequant_f16=q5_k_f16)
 @triton.jit
 def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P4, j, rows, mask, N, 128), 4, 4)
@@ -346,7 +369,29 @@ def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return scaled_minus_min(P0, P1, P2, j, rows, mask, N, q)
 
 
-@register("Q6_K", 256, ("ql", "qh", "scales", "d"), dot=q6_k_dot)
+@triton.jit
+def q6_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """Q6_K for the fused GEMM with float16 x: weights 128n + 32k + l take 4 bits from ql byte
+    64n + l (k even) or 64n + 32 + l (k odd), low nibble for k < 2, and 2 bits from qh byte
+    32n + l at bit 2k, assembled a word (4 weights) at a time, then the bytes to float16
+    (fields.bytes_f16); d * scale rounded to float16 once a sub-block of 16, then one HMUL a
+    weight pair: within two roundings (tests/test_kernels.py holds the bound)."""
+    R: tl.constexpr = rows.shape[0]
+    ql = field_run(P0, j, rows, mask, N, 32, 0, 32, tl.int32).to(tl.uint32, bitcast=True)
+    qh = field_run(P1, j, rows, mask, N, 16, 0, 16, tl.int32).to(tl.uint32, bitcast=True)
+    top = tl.arange(0, 2)[None, None, :, None, None]  # k // 2: the high nibbles
+    odd = tl.arange(0, 2)[None, None, None, :, None]  # k % 2: ql's second run of 32 bytes
+    k = 2 * top + odd
+    q6 = (((tl.reshape(ql, (R, 2, 1, 2, 8)) >> (4 * top)) & 0x0F0F0F0F)
+          | (((tl.reshape(qh, (R, 2, 1, 1, 8)) >> (2 * k)) << 4) & 0x30303030))
+    v = bytes_f16(tl.reshape(q6.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N))
+    q = tl.reshape(v - 1056.0, (R, 16, 16))  # (1024 + q) - 1056 = q - 32, exactly
+    sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)
+    dl = (field_f16(P3, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
+    return tl.reshape(q * dl[:, :, None], (R, 256))
+
+
+@register("Q6_K", 256, ("ql", "qh", "scales", "d"), dot=q6_k_dot, dequant_f16=q6_k_f16)
 @triton.jit
 def q6_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)

@@ -4,6 +4,8 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    bytes_f16,
+    concat,
     field_bytes,
     field_f16,
     field_h,
@@ -18,7 +20,6 @@ from .fields import (
     row_word,
     scale_f16,
     shr,
-    small_int_f16,
     spread4,
     words4,
     x_sum,
@@ -128,9 +129,24 @@ def q5_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
+def five_bit_f16(qh_plane, qs_plane, j, rows, mask, N):
+    """Q5_0/Q5_1's 32 five-bit values as 1024 + each, float16 [R, 32] in ggml's order: byte b
+    of qs word c holds weights 4c + b (low nibble) and 16 + 4c + b (high), whose fifth bits,
+    qh bits 4c + b and 16 + 4c + b, spread4 puts above each byte's nibble; the bytes then go
+    to float16 a word at a time (fields.bytes_f16)."""
+    z = opaque_zero(N)
+    w = field_run(qs_plane, j, rows, mask, N, 4, 0, 4, tl.int32)  # [R, 4]
+    qh = field_word(qh_plane, j, rows, mask, N, 1, 0).to(tl.uint32, bitcast=True)[:, None]
+    at = 4 * tl.arange(0, 4)[None, :]  # word c's first fifth bit (logical shifts: unsigned)
+    low = (w & 0x0F0F0F0F) | spread4((qh >> at).to(tl.int32, bitcast=True))
+    high = (shr(w, 4) & 0x0F0F0F0F) | spread4((qh >> (16 + at)).to(tl.int32, bitcast=True))
+    return concat(bytes_f16(low, z), bytes_f16(high, z))
+
+
+@triton.jit
 def q5_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = nibbles(field_bytes(P2, j, rows, mask, N, 16)) | fifth_bits(P1, j, rows, mask, N)
-    return field_h(P0, j, rows, mask, N) * small_int_f16(q, 16)
+    # (1024 + q) - 1040 = q - 16 exactly, then one rounding: the float32 weight's
+    return field_h(P0, j, rows, mask, N) * (five_bit_f16(P1, P2, j, rows, mask, N) - 1040.0)
 
 
 @register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_f16=q5_0_f16)
@@ -143,8 +159,8 @@ def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 @triton.jit
 def q5_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = nibbles(field_bytes(P3, j, rows, mask, N, 16)) | fifth_bits(P2, j, rows, mask, N)
-    return field_h(P0, j, rows, mask, N) * small_int_f16(q, 0) + field_h(P1, j, rows, mask, N)
+    q = five_bit_f16(P2, P3, j, rows, mask, N) - 1024.0
+    return field_h(P0, j, rows, mask, N) * q + field_h(P1, j, rows, mask, N)
 
 
 @register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_f16=q5_1_f16)
@@ -168,7 +184,15 @@ def q8_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
     return scale_f16(P0, j, rows, mask, N) * s
 
 
-@register("Q8_0", 32, ("d", "qs"), dot=q8_0_dot)
+@triton.jit
+def q8_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    # signed bytes with their top bit flipped are q + 128, unsigned: (1024 + q + 128) - 1152
+    # = q exactly, then one rounding (the float32 weight's)
+    w = field_run(P1, j, rows, mask, N, 8, 0, 8, tl.int32) ^ (-0x7F7F7F80 + opaque_zero(N))
+    return field_h(P0, j, rows, mask, N) * (bytes_f16(w, opaque_zero(N)) - 1152.0)
+
+
+@register("Q8_0", 32, ("d", "qs"), dot=q8_0_dot, dequant_f16=q8_0_f16)
 @triton.jit
 def q8_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

@@ -321,6 +321,21 @@ def test_word_nibbles_ptx_pairs_neighbouring_bytes():
     assert np.array_equal(halves["$1"], words >> np.uint32(16))
 
 
+def test_word_bytes_ptx_puts_each_byte_under_float16s_exponent():
+    """fields.bytes_f16's inline PTX, run by tests/ptx_emulator.py on random words: two PRMTs
+    with 0x64646464 make the halves 0x64XX of bytes 0, 1 and of bytes 2, 3, the lower byte in
+    the lower half, so that each half is float16 1024 + its byte, in the bytes' order."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.fields import BYTES_F16_PTX
+
+    words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    regs = run(BYTES_F16_PTX.value, {"$2": words, "$3": np.full_like(words, 0x64646464)})
+    halves = np.stack([regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16], 1)
+    got = halves.astype(np.uint16).view(np.float16).astype(np.float64)
+    assert np.array_equal(got, 1024.0 + words.view(np.uint8).reshape(-1, 4))
+
+
 @triton.jit
 def _nibbles_f16_kernel(W, OUT, R: tl.constexpr, N: tl.constexpr, RUN: tl.constexpr):
     w = tl.load(W + tl.arange(0, R)[:, None] * N + tl.arange(0, N)[None, :])
@@ -413,18 +428,19 @@ def test_the_gemm_reads_x_in_the_nibble_group_order():
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
-    Q5_0, IQ4_NL, NVFP4), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
+    Q5_0, Q8_0, IQ4_NL, NVFP4), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
     outside float16's range, where the weights are 0 or infinite). Where a min is added (Q4_1,
     Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and the interpreter rounds d * q
-    first: within those two roundings, of d * q and of the sum. IQ4_XS rounds d times its
-    sub-block scale, then the product: within two roundings. A function that keeps its
+    first: within those two roundings, of d * q and of the sum. IQ4_XS and Q6_K round d times
+    the sub-block's scale, then the product: within two roundings; Q4_K and Q5_K round
+    d * scale and dmin * min, then d * scale * q - dmin * min. A function that keeps its
     nibbles in place returns them in nibble-group order (registry.py): compared in that
     order (fields.tile_columns, held to it by the test above)."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
-    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K"} == {
-        n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
+    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K",
+            "Q5_K", "Q6_K"} == {n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -441,11 +457,12 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
                                                        BLOCK=qtype.block_size, BN=256 if n > 64 else 64,
                                                        DQ=fmt.dequant_f16)
     eps = torch.finfo(torch.float16).eps
-    if name in ("Q4_0", "Q5_0", "IQ4_NL", "NVFP4", "MXFP4"):
+    if name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    elif name == "IQ4_XS":
-        assert ((got.float() - exact).abs() <= eps * exact.abs() + 2 ** -24).all()
-    elif name == "Q4_K":
+    elif name in ("IQ4_XS", "Q6_K"):
+        # d times the sub-block's scale rounded to float16, then its product with q
+        assert ((got.float() - exact).abs() <= 2 * eps * exact.abs() + 2 ** -24).all()
+    elif name in ("Q4_K", "Q5_K"):
         # (d * scale) and (dmin * min) rounded to float16 once a sub-block, then one HFMA:
         # within a rounding of each term and one of the result (d * scale * q, from the
         # planes with dmin zeroed; the min's term is what it leaves of the weight)

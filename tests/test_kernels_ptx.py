@@ -57,12 +57,15 @@ def test_gemm_uses_tensor_cores(ptx_rows):
 
 def test_gemm_main_loop_is_measured_against_the_tensor_cores(ptx_rows):
     """At sm_90 the GEMM's main loop is read for its tensor-core instructions (one HGMMA per
-    16 of the K step at BM = 64), the rest of what it issues, and the estimate from both."""
+    16 of the K step and per 64 rows of the MMA's A operand a warpgroup takes: BM = 64, or a
+    swapped tile's BN), the rest of what it issues, and the estimate from both."""
     gemm = {r["type"]: r for r in ptx_rows if r["family"] == "gemm" and r["arch"] == 90}
     assert set(gemm) == set(kernels.FORMATS)
     for name, r in gemm.items():
         bm, bn, block = map(int, r["tile"].split("x"))
-        assert r["tensor_instructions"] == block // 16 and bm == 64, r
+        a_rows = bn if kernels.configs.swap_ab(name, bm, "fp16") else bm
+        per_warpgroup = max(1, a_rows // (64 * (r["warps"] // 4)))
+        assert r["tensor_instructions"] == block // 16 * per_warpgroup and bm == 64, r
         assert 0 < r["estimated_fraction_of_fp16_mma"] <= 1, r
 
 
@@ -85,14 +88,15 @@ def test_matmul_paths_are_estimated_for_every_type(ptx_rows):
 
 
 # The prefill issue's goal at M = 16 for the 4-bit types (fp16 x: their float16 dequant
-# functions, with the table types' nibbles looked up in place), held as the estimate is.
+# functions, with the table types' nibbles looked up in place), held as the estimate is, for
+# the BM = 16 tile (the rule may take the swapped BM = 32 one there: NVFP4).
 FOUR_BIT = ["Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4"]
 
 
 def test_four_bit_types_at_m16_are_estimated_at_least_1_5x_fp16(ptx_rows):
     gemm = {r["type"]: r for r in ptx_rows if r["family"] == "gemm" and r["arch"] == 90}
-    got = {name: {e["M"]: e for e in gemm[name]["matmul_path_estimates"]}[16]["fused_gemm_fraction"]
-           for name in FOUR_BIT}
+    at16 = {name: {e["M"]: e for e in gemm[name]["matmul_path_estimates"]}[16] for name in FOUR_BIT}
+    got = {name: e["fp16_us"] / e["times_us"]["gemm_bm16"] for name, e in at16.items()}
     assert all(v >= 1.5 for v in got.values()), got
 
 
@@ -345,11 +349,12 @@ def test_every_launched_tile_fits_its_devices_shared_memory():
 
 # Issue #31's batch sweep, for the types most GGUF files hold, by the optimistic estimate of
 # scripts/inspect_kernels.py --batch-sweep (sm_90 SASS; BENCHMARKS.md "Batched decode
-# kernels"): what the kernels reach today, held so that no change slips back. The goal "never
-# slower than fp16 from M = 1 to 128" holds for these at all three shapes; the fractions of the
-# ideal at M <= 16 are below the goal's 0.8 for Q4_K (0.67-0.77) and Q6_K (0.49-0.61).
-SWEEP_TYPES = ["Q4_0", "Q4_K", "Q6_K", "Q8_0"]
-SWEEP_IDEAL_FLOORS = {"Q4_0": 0.75, "Q4_K": 0.65, "Q6_K": 0.45, "Q8_0": 0.75}
+# kernels"): what the kernels reach today, held so that no change slips back. At all three
+# shapes: never slower than fp16 from M = 1 to 128, at least 0.8x at M = 256 (0.85-0.97, the
+# BM = 128 tile), and at M <= 16 these fractions of the ideal (today 0.78-0.89 for Q4_0,
+# 0.67-0.77 Q4_K, 0.73-0.81 Q5_K, 0.98-1.00 Q6_K, 1.00 Q8_0; the goal is 0.8).
+SWEEP_TYPES = ["Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"]
+SWEEP_IDEAL_FLOORS = {"Q4_0": 0.75, "Q4_K": 0.65, "Q5_K": 0.7, "Q6_K": 0.95, "Q8_0": 0.95}
 
 
 @pytest.mark.slow
@@ -368,5 +373,7 @@ def test_batch_sweep_holds_the_batched_decode_floors(tmp_path):
         assert r["path"] == kernels.dispatch.matmul_path(r["type"], r["M"]), r
         if r["M"] <= 128:
             assert r["speedup_vs_fp16"] >= 1.0, r
+        if r["M"] == 256:
+            assert r["speedup_vs_fp16"] >= 0.8, r
         if r["M"] <= 16:
             assert r["fraction_of_ideal"] >= SWEEP_IDEAL_FLOORS[r["type"]], r

@@ -27,9 +27,9 @@ def default_tile(name, bm, act="fp16"):
     if bm == 16 and act == "fp16" and name in configs.GEMM_M16_BN_F16:  # float16 x's wider tile
         bn = configs.GEMM_M16_BN_F16[name]
     if bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES:  # the weight tile as A
-        bn = 64
-    if bm == 128:  # swapped only; two warpgroups for 256-weight blocks
-        bn = 128 if block >= 256 else 64
+        bn = 64 if block >= 256 else 128
+    if bm == 128:  # swapped only; two warpgroups for 256-weight blocks (not Q6_K's: it spills)
+        bn = 128 if block >= 256 and name not in configs.BM128_NARROW else 64
         return {"BM": bm, "BN": bn, "num_warps": 8 if bn == 128 else 4, "num_stages": 2}
     return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}
 
