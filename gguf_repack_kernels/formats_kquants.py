@@ -316,6 +316,17 @@ def scaled_minus_min(P0, P1, P2, j, rows, mask, N, q):
 
 
 @triton.jit
+def scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q):
+    """scaled_minus_min for float16 q (R, 8, 32): d * scale and dmin * min rounded to float16
+    once per sub-block, then one HFMA a weight pair."""
+    R: tl.constexpr = q.shape[0]
+    sc, mn = scales_mins(P2, j, rows, mask, N)
+    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
+    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
+    return tl.reshape(q * dl[:, :, None] - ml[:, :, None], (R, 256))
+
+
+@triton.jit
 def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     """Q4_K for the fused GEMM with float16 x: the nibbles unpacked a word at a time
     (fields.nibbles_f16, ggml's order: 4 runs of 32 bytes, low nibbles sub-block 2g, high
@@ -325,10 +336,7 @@ def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]
     w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)
     q = tl.reshape(nibbles_f16(w, 8, opaque_zero(N)) - 1024.0, (R, 8, 32))
-    sc, mn = scales_mins(P2, j, rows, mask, N)
-    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
-    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
-    return tl.reshape(q * dl[:, :, None] - ml[:, :, None], (R, 256))
+    return scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q)
 
 
 @register("Q4_K", 256, ("d", "dmin", "scales", "qs"), dot=q4_k_dot, dot_parts=(1, 2, 4),
@@ -354,10 +362,7 @@ def q5_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
           | (((tl.reshape(qh, (R, 1, 1, 8)) >> fifth) << 4) & 0x10101010))
     v = bytes_f16(tl.reshape(q5.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N))
     q = tl.reshape(v - 1024.0, (R, 8, 32))
-    sc, mn = scales_mins(P2, j, rows, mask, N)
-    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
-    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
-    return tl.reshape(q * dl[:, :, None] - ml[:, :, None], (R, 256))
+    return scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q)
 
 
 @register("Q5_K", 256, ("d", "dmin", "scales", "qh", "qs"), dot=q5_k_dot, dot_parts=(1, 2, 4),

@@ -188,8 +188,9 @@ def q8_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 def q8_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # signed bytes with their top bit flipped are q + 128, unsigned: (1024 + q + 128) - 1152
     # = q exactly, then one rounding (the float32 weight's)
-    w = field_run(P1, j, rows, mask, N, 8, 0, 8, tl.int32) ^ (-0x7F7F7F80 + opaque_zero(N))
-    return field_h(P0, j, rows, mask, N) * (bytes_f16(w, opaque_zero(N)) - 1152.0)
+    z = opaque_zero(N)
+    w = field_run(P1, j, rows, mask, N, 8, 0, 8, tl.int32) ^ (-0x7F7F7F80 + z)
+    return field_h(P0, j, rows, mask, N) * (bytes_f16(w, z) - 1152.0)
 
 
 @register("Q8_0", 32, ("d", "qs"), dot=q8_0_dot, dequant_f16=q8_0_f16)
