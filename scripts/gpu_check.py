@@ -8,7 +8,10 @@ folder here, `pip install --no-index` them there).
     python scripts/gpu_check.py --smoke --out DIR          # CPU, Triton's interpreter, tiny
                                                            # shapes: checks this script
 
-Writes gpu_check.json and gpu_check.md into --out, in four parts:
+Writes gpu_check.json and gpu_check.md into --out after each of its four parts, in the order
+below, so that a run stopped early keeps what it found. --deadline (seconds from the start)
+bounds the whole run: the kernels part takes at most 45% of it (a type not done by then is
+reported as such), the bench and the tune are stopped at their shares:
 
 1. kernels: every type's planes (random valid blocks) on the device; dequantize and embedding
    bit for bit equal to the torch backend on the same device, matmul within tolerance of x @
@@ -17,18 +20,18 @@ Writes gpu_check.json and gpu_check.md into --out, in four parts:
    tokens of 2) against plain PyTorch; float32, float16 and bfloat16 x; for Q4_K, Q8_0, MXFP4
    and IQ4_XS, the dense and expert products in bfloat16 captured in CUDA graphs at 1, 8, 64
    and 512 tokens and replayed with other routings (check_graphs); every failure named.
-2. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every M of
-   the batch sweep (inspect_kernels.py --batch-sweep estimates the same; its own
-   bench_gpu.json / .md in --out/bench).
-3. tune: scripts/tune_kernels.py for the same six types, 90 s of compiles at most (then it
-   starts no new type): each tile kind's candidates (gguf_repack_kernels/configs.py) timed against the
-   default tile; the fastest into --out/tune/tuned_configs.json, to commit as
-   gguf_repack_kernels/tuned_configs.json.
-4. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
+2. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
    K-quant types, as a Q4_K_M file has; tests/hf_models.py), converted, loaded with
    gguf_repack.hf.load_model on the device: its 32 greedy tokens against the torch backend's
    on CPU, decode tokens/s at batch 1 and 32 and prefill tokens/s at 2048 tokens, beside the
    same weights dequantized to fp16 (transformers' GGUF path, moved to the device).
+3. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every M of
+   the batch sweep (inspect_kernels.py --batch-sweep estimates the same; its own
+   bench_gpu.json / .md in --out/bench).
+4. tune: scripts/tune_kernels.py for the same six types, compiles for 60% of what is left
+   of the deadline at most (then it starts no new type): each tile kind's candidates
+   (gguf_repack_kernels/configs.py) timed against the default tile; the fastest into
+   --out/tune/tuned_configs.json, to commit as gguf_repack_kernels/tuned_configs.json.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--types", default=None, help="comma-separated subset (kernels part)")
     ap.add_argument("--skip", default="", help="parts to leave out: kernels,bench,tune,model")
+    ap.add_argument("--deadline", type=float, default=480.0,
+                    help="seconds for the whole run (on a GPU; --smoke has none)")
     return ap.parse_args()
 
 
@@ -236,49 +241,64 @@ def check_graphs(row, name, device, planes, shape, stack, stack_shape, smoke) ->
         row("graph bf16", tokens, graphs)
 
 
-def check_kernels(device: torch.device, types: list[str], smoke: bool) -> list[dict]:
-    """check_type for every type; on a GPU in 8 processes at once: each type compiles about
-    ten kernel variants, and compiling, not running, is what takes the time."""
+def check_kernels(device: torch.device, types: list[str], smoke: bool, until: float) -> list[dict]:
+    """check_type for every type; on a GPU in a process a type, all but two cores at once:
+    each type compiles tens of kernel variants, and compiling, not running, is what takes the
+    time. A type not done by `until` (perf_counter), or whose process died, is one failed row."""
     ms = SMOKE_MS if smoke else MS
     if smoke:
         return [r for name in types for r in check_type(name, "cpu", ms, True)]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    workers = min(8, os.cpu_count() or 1)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        done = pool.map(check_type, types, [str(device)] * len(types), [ms] * len(types),
-                        [False] * len(types))
-        return [r for rows in done for r in rows]
+    workers = max(1, min(len(types), (os.cpu_count() or 3) - 2))
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    try:
+        pending = {name: pool.apply_async(check_type, (name, str(device), ms, False))
+                   for name in types}
+        rows = []
+        for name, result in pending.items():
+            try:
+                rows += result.get(timeout=max(0.0, until - time.perf_counter()))
+            except multiprocessing.TimeoutError:
+                rows.append({"type": name, "family": "all", "M": None, "ok": False,
+                             "problem": "not done by the deadline (or its process died)"})
+            except Exception as e:  # the worker died (a crash inside CUDA, say)
+                rows.append({"type": name, "family": "all", "M": None, "ok": False,
+                             "problem": f"{type(e).__name__}: {e}"[:300]})
+        return rows
+    finally:
+        pool.terminate()  # a type still compiling stops here
 
 
-def run_script(name: str, args: list[str], timeout: int) -> dict:
-    """scripts/NAME ARGS in a process of its own: its command line, exit code, seconds, and
-    the end of its stderr if it failed."""
+def run_script(name: str, args: list[str], timeout: float) -> dict:
+    """scripts/NAME ARGS in a process of its own, stopped after `timeout` seconds: its command
+    line, exit code ("timeout" if stopped) and seconds. Its output goes to this script's own,
+    so the log of a run holds it."""
     cmd = [sys.executable, str(ROOT / "scripts" / name), *args]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    result = {"command": " ".join(cmd[1:]), "returncode": proc.returncode,
-              "seconds": round(time.perf_counter() - start, 1)}
-    if proc.returncode:
-        result["stderr"] = proc.stderr[-2000:]
-    return result
+    try:
+        returncode = subprocess.run(cmd, timeout=max(1.0, timeout)).returncode
+    except subprocess.TimeoutExpired:
+        returncode = "timeout"
+    return {"command": " ".join(cmd[1:]), "returncode": returncode,
+            "seconds": round(time.perf_counter() - start, 1)}
 
 
-def run_bench(out: Path, smoke: bool) -> dict:
+def run_bench(out: Path, smoke: bool, timeout: float) -> dict:
     # the six types bench_gpu.py runs at every shape: the others' compiles would not fit
     return run_script("bench_gpu.py", ["--out", str(out)] + (
         ["--smoke", "--types", "Q4_0,Q4_K"] if smoke else
-        ["--short", "--runs", "20", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"]), timeout=420)
+        ["--short", "--runs", "20", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"]), timeout)
 
 
-def run_tune(out: Path, smoke: bool) -> dict:
+def run_tune(out: Path, smoke: bool, timeout: float) -> dict:
     """scripts/tune_kernels.py for the six types the bench runs, within 90 s of compiles
     (it starts no type after that): tuned_configs.json, to commit as
     gguf_repack_kernels/tuned_configs.json."""
     result = run_script("tune_kernels.py", ["--out", str(out)] + (
         ["--smoke", "--types", "Q4_0"] if smoke else
-        ["--budget", "90", "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"]), timeout=300)
+        ["--budget", str(max(10, int(timeout * 0.6))), "--types", "Q4_0,Q8_0,Q4_K,Q5_K,Q6_K,IQ4_XS"]),
+        timeout)
     if result["returncode"] == 0:
         result["tiles"] = json.loads((out / "tuned_configs.json").read_text())["tiles"]
     return result
@@ -387,24 +407,34 @@ def main(args: argparse.Namespace) -> None:
               else torch.cuda.get_device_name(device),
               "torch": torch.__version__, "triton": triton.__version__}
     skip = set(filter(None, args.skip.split(",")))
+    deadline = float("inf") if args.smoke else args.deadline
+
+    def save(report):  # after every part: a run stopped early keeps what it found
+        report["seconds"] = time.perf_counter() - start
+        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        (args.out / "gpu_check.md").write_text(markdown(report))
+
+    def left(share):  # seconds until `share` of the deadline
+        return start + share * deadline - time.perf_counter()
+
     if "kernels" not in skip:
         types = args.types.split(",") if args.types else sorted(kernels.FORMATS)
-        report["kernels"] = check_kernels(device, types, args.smoke)
-    if "bench" not in skip:
-        report["bench"] = run_bench(args.out / "bench", args.smoke)
-    if "tune" not in skip:
-        report["tune"] = run_tune(args.out / "tune", args.smoke)
+        report["kernels"] = check_kernels(device, types, args.smoke, start + 0.45 * deadline)
+        save(report)
     if "model" not in skip:
         try:
             with tempfile.TemporaryDirectory() as work:
                 report["model"] = check_model(device, Path(work), args.smoke)
         except Exception as e:
             report["model"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    report["seconds"] = time.perf_counter() - start
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    text = markdown(report)
-    (args.out / "gpu_check.md").write_text(text)
-    print(text)
+        save(report)
+    if "bench" not in skip:
+        report["bench"] = run_bench(args.out / "bench", args.smoke, left(0.85))
+        save(report)
+    if "tune" not in skip:
+        report["tune"] = run_tune(args.out / "tune", args.smoke, left(1.0))
+    save(report)
+    print(markdown(report))
 
 
 if __name__ == "__main__":
