@@ -117,3 +117,26 @@ def test_a_converted_moe_model_maps_every_tensor(tmp_path):
     assert gguf_repack.verify(out, against=src).ok
     mapping = TensorMapping.for_output(gguf_repack.load(out))
     assert len(mapping.names) == len(gguf_repack.load(out)) and mapping.skipped == {}
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor that, like one on a GPU, has no numpy view: `.cpu()` first (the check on an H200
+    found load_model(out, "cuda") failing here: "can't convert cuda:0 device type tensor to
+    numpy")."""
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor)
+
+
+def test_a_float_tensor_on_a_device_is_processed_through_the_host():
+    """transformers' gemma processor takes 1 from a norm's weight, and takes numpy arrays: a norm
+    loaded onto a GPU goes through the host and comes back processed."""
+    from gguf_repack.integrations.tensor_map import process_plain, tensor_processor
+
+    norm = torch.tensor([1.0, 1.5, 3.0])
+    got = process_plain(tensor_processor("gemma3", {}), "blk.0.attn_norm.weight",
+                        norm.as_subclass(DeviceTensor))
+    assert torch.equal(got.as_subclass(torch.Tensor), torch.tensor([0.0, 0.5, 2.0]))

@@ -180,9 +180,10 @@ def _squeezed(shape) -> tuple[int, ...]:
 
 def process_plain(processor, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """A float tensor (norm, bias, F16/F32 weight) with transformers' fix applied (gemma's norms
-    are stored as w + 1)."""
-    result = processor.process(weights=tensor.numpy(), name=name).weights
-    return torch.from_numpy(np.ascontiguousarray(result))
+    are stored as w + 1), on the tensor's own device. transformers' processors take numpy
+    arrays, so a tensor on a GPU goes through the host (these are small: norms and biases)."""
+    result = processor.process(weights=tensor.cpu().numpy(), name=name).weights
+    return torch.from_numpy(np.ascontiguousarray(result)).to(tensor.device)
 
 
 class TensorMapping:
