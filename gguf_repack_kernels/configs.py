@@ -296,15 +296,26 @@ MATMUL_RULE: dict[str, tuple] = {
 # END estimate_paths --write-configs
 
 
+# Measured on an H200 (scripts/bench_gpu.py --short, CUDA-graph replays, 4096 x 4096, fp16 x;
+# BENCHMARKS.md "GPU"): past M = 64 every fused tile the estimate chose lost to dequantize +
+# matmul, for all six types timed (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS): at M = 128 by 1.4-1.8x,
+# at 256 by 1.8-2.9x (the swapped BM = 128 tile, estimated at 0.97x fp16, ran at 0.21-0.31x).
+# So no fused tile beyond this M, whatever MATMUL_RULE's estimate says, for every type: the
+# tiles are one family (gemm.py), and the others were not timed.
+FUSED_MAX_M = 64
+
+
 def matmul_choice(type_name: str, block_size: int, m: int) -> str:
     """The path, and for the fused GEMM its BM, that x @ W.T takes at M rows of x: MATMUL_RULE's
-    choice for the type, else the default rule (GEMV_MAX_M, BM by M, dequantize_matmul_min_m)."""
+    choice for the type, else the default rule (GEMV_MAX_M, BM by M, dequantize_matmul_min_m);
+    dequantize+matmul past FUSED_MAX_M either way."""
     rule = MATMUL_RULE.get(type_name)
     if rule is not None:
-        return next(choice for top, choice in rule if top is None or m <= top)
+        choice = next(choice for top, choice in rule if top is None or m <= top)
+        return "dequantize+matmul" if choice.startswith("gemm") and m > FUSED_MAX_M else choice
     if m <= GEMV_MAX_M:
         return "gemv"
-    if m >= dequantize_matmul_min_m(block_size):
+    if m >= dequantize_matmul_min_m(block_size) or m > FUSED_MAX_M:
         return "dequantize+matmul"
     return f"gemm_bm{16 if m <= 16 else 32 if m <= 32 else 64}"
 

@@ -68,10 +68,16 @@ from gguf_repack.format.type_table import TYPES_BY_NAME  # noqa: E402
 
 
 class Timer:
-    """Median seconds of `runs` calls: CUDA events on a GPU, perf_counter in smoke mode."""
+    """Seconds per call of fn, the median of `runs`. On a GPU, `calls` calls are captured in
+    one CUDA graph and replayed between CUDA events: the device's time, as an engine that
+    captures its decode step (vLLM) sees it. A single eager call between two events measures
+    Python and the launch instead (on an H200, 100-300 us for any kernel here: the first run
+    of gpu_check.py), so `eager` times `calls` calls back to back with the host's clock, the
+    cost per call of a program that does not capture. In smoke mode, perf_counter (the
+    interpreter: the times mean nothing)."""
 
-    def __init__(self, device: torch.device, runs: int):
-        self.device, self.runs = device, runs
+    def __init__(self, device: torch.device, runs: int, calls: int = 24):
+        self.device, self.runs, self.calls = device, runs, calls
 
     def __call__(self, fn) -> float:
         fn()  # warm-up (and compilation)
@@ -80,16 +86,39 @@ class Timer:
             for _ in range(self.runs):
                 fn()
             return (time.perf_counter() - t) / self.runs
-        torch.cuda.synchronize()
+        side = torch.cuda.Stream()  # warm-up off the capturing stream, as torch asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(self.calls):
+                fn()
+        graph.replay()
         times = []
         for _ in range(self.runs):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            graph.replay()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
+            times.append(start.elapsed_time(end) / 1e3 / self.calls)
+        del graph
         return statistics.median(times)
+
+    def eager(self, fn) -> float:
+        """Seconds per call of `calls` calls back to back, synchronized once: the larger of the
+        host's cost per call (Python, the launch) and the device's."""
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(self.calls):
+            fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) / self.calls
 
 
 def copy_bandwidth(device, timer, nbytes: int) -> float:
@@ -125,6 +154,8 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
                                                                      torch.float16).T)}
         if name in RAW_DEQUANT and m <= GEMV_M:
             t["raw"] = timer(lambda: raw_matmul(x, next(raw), name, (n, k)))
+        t["rp1 eager"] = timer.eager(lambda: kernels.matmul(x, next(planes), name, (n, k)))
+        t["fp16 eager"] = timer.eager(lambda: x @ next(dense).T)
         row = {"type": name, "N": n, "K": k, "M": m, "seconds": t,
                "vs_fp16": t["fp16"] / t["rp1"],
                "vs_raw": t["raw"] / t["rp1"] if "raw" in t else None}
@@ -140,17 +171,21 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
 
 
 def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
-    lines = [f"Device: {device_name}; device-to-device copy: {copy_bw / 1e9:.0f} GB/s", "",
+    lines = [f"Device: {device_name}; device-to-device copy: {copy_bw / 1e9:.0f} GB/s. Times per "
+             "call replayed from a CUDA graph; eager: back-to-back calls, Python and launch "
+             "included", "",
              "| type | N x K | M | rp1 | GB/s (of copy) or TFLOP/s | vs fp16 matmul | vs raw layout "
-             "| dequant+matmul |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dequant+matmul | rp1 eager | fp16 eager |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         perf = (f"{r['GB/s']:.0f} GB/s ({100 * r['copy_fraction']:.0f}%)" if "GB/s" in r
                 else f"{r['TFLOP/s']:.1f} TFLOP/s")
         raw = f"{r['vs_raw']:.2f}x" if r["vs_raw"] else "-"
         lines.append(f"| {r['type']} | {r['N']} x {r['K']} | {r['M']} | "
                      f"{r['seconds']['rp1'] * 1e6:.1f} us | {perf} | {r['vs_fp16']:.2f}x | {raw} | "
-                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us |")
+                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | "
+                     f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | "
+                     f"{r['seconds']['fp16 eager'] * 1e6:.1f} us |")
     return "\n".join(lines)
 
 

@@ -24,7 +24,8 @@ reported as such), the bench and the tune are stopped at their shares:
    K-quant types, as a Q4_K_M file has; tests/hf_models.py), converted, loaded with
    gguf_repack.hf.load_model on the device: its 32 greedy tokens against the torch backend's
    on CPU, decode tokens/s at batch 1 and 32 and prefill tokens/s at 2048 tokens, beside the
-   same weights dequantized to fp16 (transformers' GGUF path, moved to the device).
+   same file through transformers' own GGUF path asked for fp16, moved to the device (it
+   dequantized to fp16 before transformers 5.19; 5.19 keeps the weights packed and casts).
 3. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every M of
    the batch sweep (inspect_kernels.py --batch-sweep estimates the same; its own
    bench_gpu.json / .md in --out/bench).
@@ -341,9 +342,9 @@ def check_model(device: torch.device, work: Path, smoke: bool) -> dict:
                                                  dtype=torch.float16).to(device).eval()
     speeds = {}
     # gguf-repack's model computes in float32 (its kernels do; fp16 activations would only add
-    # casts), the dequantized one in fp16
+    # casts), transformers' own in what it makes of fp16
     # (with --smoke the timing runs the torch backend: the interpreter is too slow to time)
-    for label, model in (("gguf-repack", cpu if smoke else ours), ("dequantized fp16", dense)):
+    for label, model in (("gguf-repack", cpu if smoke else ours), ("transformers' GGUF path, fp16", dense)):
         with torch.no_grad():
             for b in (1, batch):
                 prompt = ids.repeat(b, 1).to(device)

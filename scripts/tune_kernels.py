@@ -58,7 +58,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_gpu import Timer  # noqa: E402
+from bench_gpu import Timer, rotation  # noqa: E402
 from ggml_blocks import random_blocks  # noqa: E402
 
 import gguf_repack_kernels as kernels  # noqa: E402
@@ -82,7 +82,10 @@ def tune_type(name: str, n: int, k: int, device: torch.device, timer: Timer, smo
     against the default tile's result, or why it could not run."""
     qtype = TYPES_BY_NAME[name]
     blocks = random_blocks(qtype.id, (n, k), rng)
-    planes = {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()}
+    # copies three times the L2 in turn, as bench_gpu.py times: the weight comes from memory
+    cycle = rotation(lambda: {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()},
+                     blocks.nbytes, device)
+    planes = next(cycle)
     rows = []
     for kind, m in KINDS.items():
         x = (torch.randn(m, k, device=device) / k ** 0.5).to(dtype)
@@ -91,7 +94,7 @@ def tune_type(name: str, n: int, k: int, device: torch.device, timer: Timer, smo
         scale = default.abs().max().item() or 1.0
         base = {"type": name, "kind": kind, "M": m}
         rows.append({**base, "tile": None,
-                     "seconds": timer(lambda: kernels.matmul(x, planes, name, (n, k), tile=pin))})
+                     "seconds": timer(lambda: kernels.matmul(x, next(cycle), name, (n, k), tile=pin))})
         for tile in candidates(kind, name, smoke):
             row = {**base, "tile": tile}
             tile = {**(pin or {}), **tile}
@@ -104,7 +107,7 @@ def tune_type(name: str, n: int, k: int, device: torch.device, timer: Timer, smo
             if not error <= 1e-2:
                 rows.append({**row, "problem": f"differs from the default tile by {error:.3g}"})
                 continue
-            seconds = timer(lambda tile=tile: kernels.matmul(x, planes, name, (n, k), tile=tile))
+            seconds = timer(lambda tile=tile: kernels.matmul(x, next(cycle), name, (n, k), tile=tile))
             rows.append({**row, "error": error, "seconds": seconds})
     return rows
 
