@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The prepared GPU check: one command, meant to finish in under 8 minutes on one H200 with
-only what that machine has (torch, Triton, transformers; gguf-py, and accelerate for the
-model part, travel with the working tree: `pip download gguf accelerate --no-deps` into a
-folder here, `pip install --no-index` them there).
+only what that machine has (torch, Triton, accelerate) and what travels with the working tree
+as wheels: gguf, and transformers 5.19 (the machine's 5.17 writes no config.json for the
+model part's llama). Here: `pip download --no-deps --only-binary=:all: --python-version 3.12
+-d .whl gguf==0.19.0 transformers==5.19.0`; there: `pip install --no-index --no-deps --target
+/tmp/site .whl/*.whl` and PYTHONPATH=/tmp/site:. (BENCHMARKS.md "GPU" has the runs so far).
 
     python scripts/gpu_check.py --out gpu-check            # a CUDA machine
     python scripts/gpu_check.py --smoke --out DIR          # CPU, Triton's interpreter, tiny
@@ -26,6 +28,8 @@ reported as such), the bench and the tune are stopped at their shares:
    on CPU, decode tokens/s at batch 1 and 32 and prefill tokens/s at 2048 tokens, beside the
    same file through transformers' own GGUF path asked for fp16, moved to the device (it
    dequantized to fp16 before transformers 5.19; 5.19 keeps the weights packed and casts).
+   Then a 2-layer Qwen3-MoE, its experts quantized: greedy tokens on the device in float32
+   against the CPU's, and in load_model's default dtype there (bfloat16).
 3. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every M of
    the batch sweep (inspect_kernels.py --batch-sweep estimates the same; its own
    bench_gpu.json / .md in --out/bench).
@@ -48,8 +52,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# every path and tile the rule takes (configs.MATMUL_RULE): the GEMV, BM = 16, 32 (M = 24),
-# 64 (33), the swapped BM = 128 (100), dequantize+matmul; M not a multiple of any tile
+# every path and tile the rule takes (configs.matmul_choice): the GEMV, BM = 16, 32 (M = 24),
+# 64 (33), dequantize+matmul (100 and up: past configs.FUSED_MAX_M); M not a multiple of any tile
 MS = [0, 1, 3, 8, 16, 24, 33, 100, 256, 2048]
 SMOKE_MS = [0, 1, 3, 16]
 
@@ -358,7 +362,38 @@ def check_model(device: torch.device, work: Path, smoke: bool) -> dict:
             seconds = timed(lambda: model(long), device)
             speeds[f"{label} prefill tokens/s at {prefill} tokens"] = round(prefill / seconds, 1)
     return {"greedy_tokens_equal_cpu_torch_backend": same, "first_difference_at": first_diff,
-            "tokens": got, "cpu_tokens": want, "speeds": speeds}
+            "tokens": got, "cpu_tokens": want, "speeds": speeds,
+            "moe": check_moe_model(device, work, smoke)}
+
+
+def check_moe_model(device: torch.device, work: Path, smoke: bool) -> dict:
+    """A 2-layer Qwen3-MoE (tests/hf_models.py: write_moe, its experts in Q4_K and Q6_K stacks)
+    through load_model on the device: its greedy tokens in float32 against the torch backend's
+    on CPU, and load_model's own default dtype there (bfloat16 on CUDA) run for as many tokens,
+    its agreement reported (16-bit activations may part ways with float32's after a while)."""
+    from hf_models import bpe_tokenizer_kvs, write_moe
+
+    from gguf_repack import convert
+    from gguf_repack.hf import load_model
+
+    steps = 2 if smoke else 32
+    src = write_moe(work / "small-moe.gguf", "qwen3moe", bpe_tokenizer_kvs(), np.random.default_rng(6))
+    out = work / "small-moe"
+    convert(src, out)
+    ids = torch.tensor([[3, 10, 25, 40, 7, 19]])[:, : 2 if smoke else None]
+    run = dict(max_new_tokens=steps, do_sample=False)
+    with torch.no_grad():
+        want = load_model(out, "cpu", backend="torch").generate(ids, **run)[0].tolist()
+        got = load_model(out, device, dtype=torch.float32, backend="triton").generate(
+            ids.to(device), **run)[0].tolist()
+        half, default_dtype = got, torch.float32  # --smoke: the CPU's default is float32
+        if device.type == "cuda":
+            default = load_model(out, device, backend="triton")  # bfloat16 on CUDA
+            half, default_dtype = default.generate(ids.to(device), **run)[0].tolist(), default.dtype
+    return {"greedy_tokens_equal_cpu_torch_backend": got == want, "tokens": got, "cpu_tokens": want,
+            "default_dtype": str(default_dtype),
+            "default_dtype_tokens_equal_before_first_difference": next(
+                (i for i, (a, b) in enumerate(zip(half, want)) if a != b), len(want))}
 
 
 def markdown(report: dict) -> str:
@@ -390,6 +425,13 @@ def markdown(report: dict) -> str:
                       + ("" if m["first_difference_at"] is None else
                          f" (first difference at {m['first_difference_at']})")]
             lines += [f"- {k}: {v}" for k, v in m["speeds"].items()]
+            moe = m["moe"]
+            lines += ["", "## Small Qwen3-MoE", "",
+                      f"- greedy tokens (float32) equal the torch backend's on CPU: "
+                      f"{moe['greedy_tokens_equal_cpu_torch_backend']}",
+                      f"- load_model's default dtype ({moe['default_dtype']}): the first "
+                      f"{moe['default_dtype_tokens_equal_before_first_difference']} of "
+                      f"{len(moe['cpu_tokens'])} tokens (prompt included) equal float32's on CPU"]
     return "\n".join(lines) + "\n"
 
 

@@ -49,21 +49,14 @@ def main() -> None:
     ranks = args.tp * args.pp
     launched = ranks > 1 and args.pp == 1  # the ranks are this script's processes (torchrun)
     if launched and "RANK" not in os.environ:
-        import socket
         import subprocess
 
-        # free ports: torchrun's, and one for each model's process groups, whose store rank 0
-        # makes afresh there (in torchrun's own store the second model's ranks would read the
-        # first one's addresses: its groups have the same names); two runs at once do not meet
-        sockets = [socket.socket() for _ in range(1 + len(args.model.split(",")))]
-        for free in sockets:
-            free.bind(("127.0.0.1", 0))
-        ports = [free.getsockname()[1] for free in sockets]
-        for free in sockets:
-            free.close()
-        env = {**os.environ, "GGUF_REPACK_MODEL_PORTS": ",".join(map(str, ports[1:]))}
+        # a free port for torchrun's store, taken at once (each model's own port is chosen when
+        # its turn comes: free_port); it also names this launch (two runs at once do not meet)
+        port = free_port()
+        env = {**os.environ, "GGUF_REPACK_LAUNCH": str(port)}
         sys.exit(subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-                                  "--master-addr", "127.0.0.1", "--master-port", str(ports[0]),
+                                  "--master-addr", "127.0.0.1", "--master-port", str(port),
                                   "--nproc-per-node", str(ranks), *sys.argv], env=env))
     rank = int(os.environ.get("RANK", "0"))
     # a KV cache of 64 MiB (per rank), not vLLM's CPU default: ample for these models at
@@ -85,14 +78,24 @@ def main() -> None:
     from vllm.distributed import cleanup_dist_env_and_memory
 
     if launched:
-        name_shared_memory(f"gguf_repack_{os.environ['GGUF_REPACK_MODEL_PORTS'].split(',')[0]}")
+        name_shared_memory(f"gguf_repack_{os.environ['GGUF_REPACK_LAUNCH']}")
+        launcher_store = torchrun_store()
 
     calls = count_backend_calls() if args.backend_calls else None
     # several models, one after another in this process (one import of vLLM for all of them)
     may_fail = set(filter(None, args.may_fail.split(",")))
     for i, model in enumerate(args.model.split(",")):
         if launched:
-            os.environ["MASTER_PORT"] = os.environ["GGUF_REPACK_MODEL_PORTS"].split(",")[i]
+            # each model's process groups meet in a store rank 0 makes afresh on a port of
+            # their own (in torchrun's store the second model's ranks would read the first
+            # one's addresses: its groups have the same names); rank 0 picks the port now and
+            # hands it over through torchrun's store: a port picked at the launch, minutes
+            # before its model's turn, was once taken by then (CI, 2026-12-04: "recvBytes
+            # Connection reset by peer" at TP 2)
+            key = f"gguf_repack/model_port/{i}"
+            if rank == 0:
+                launcher_store.set(key, str(free_port()))
+            os.environ["MASTER_PORT"] = launcher_store.get(key).decode()
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
         try:
             llm = LLM(model=model, tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
@@ -134,6 +137,26 @@ def main() -> None:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (bound to 0, then closed)."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
+def torchrun_store():
+    """A client of the store torchrun's agent keeps for the whole launch (MASTER_ADDR and
+    MASTER_PORT as torchrun sets them, before a model's own port replaces MASTER_PORT)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=timedelta(minutes=10))
 
 
 def max_model_len(model: str) -> int:
