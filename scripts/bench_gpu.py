@@ -121,6 +121,29 @@ class Timer:
         return (time.perf_counter() - t) / self.calls
 
 
+def kernel_breakdown(fn, device: torch.device, calls: int = 20) -> dict | str | None:
+    """{kernel name: device microseconds per call} over `calls` eager calls of fn, from
+    torch's profiler (CUPTI): what one product launches (the GEMV: x's preparation, the
+    split-K output's zeros, the GEMV itself, the cast to x's dtype) and what each costs on
+    the device, beside the graph replay's time per call (the gaps between kernels are the
+    rest). None on CPU; the error's text if the profiler fails (the bench goes on)."""
+    if device.type != "cuda":
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        return {e.key[:80]: round(e.device_time_total / calls, 2) for e in prof.key_averages()
+                if e.device_time_total > 0}
+    except Exception as e:  # a measurement, not the bench: reported, not raised
+        return f"{type(e).__name__}: {e}"[:300]
+
+
 def copy_bandwidth(device, timer, nbytes: int) -> float:
     """Bytes moved per second (read + write) by a device-to-device copy."""
     a = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -155,10 +178,15 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
         if name in RAW_DEQUANT and m <= GEMV_M:
             t["raw"] = timer(lambda: raw_matmul(x, next(raw), name, (n, k)))
         t["rp1 eager"] = timer.eager(lambda: kernels.matmul(x, next(planes), name, (n, k)))
+        # what the rp1 product launches, each kernel's device time (at the GEMV's M and 16)
+        breakdown = kernel_breakdown(lambda: kernels.matmul(x, next(planes), name, (n, k)),
+                                     device) if m in (1, 16) else None
         t["fp16 eager"] = timer.eager(lambda: x @ next(dense).T)
         row = {"type": name, "N": n, "K": k, "M": m, "seconds": t,
                "vs_fp16": t["fp16"] / t["rp1"],
                "vs_raw": t["raw"] / t["rp1"] if "raw" in t else None}
+        if breakdown is not None:
+            row["rp1_kernels_us"] = breakdown
         if m <= GEMV_M:
             row["GB/s"] = q_bytes / t["rp1"] / 1e9
             row["copy_fraction"] = q_bytes / t["rp1"] / copy_bw
@@ -186,6 +214,13 @@ def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
                      f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | "
                      f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | "
                      f"{r['seconds']['fp16 eager'] * 1e6:.1f} us |")
+    broken = [r for r in rows if r.get("rp1_kernels_us")]
+    if broken:
+        lines += ["", "What one rp1 product launches, device microseconds per call (torch's profiler, "
+                  "eager calls; the graph replay's time per call is the table's rp1):", ""]
+        lines += [f"- {r['type']} M={r['M']}: " + (
+            ", ".join(f"{name} {us}" for name, us in r["rp1_kernels_us"].items())
+            if isinstance(r["rp1_kernels_us"], dict) else r["rp1_kernels_us"]) for r in broken]
     return "\n".join(lines)
 
 

@@ -350,9 +350,12 @@ def test_every_launched_tile_fits_its_devices_shared_memory():
 # Issue #31's batch sweep, for the types most GGUF files hold, by the optimistic estimate of
 # scripts/inspect_kernels.py --batch-sweep (sm_90 SASS; BENCHMARKS.md "Batched decode
 # kernels"): what the kernels reach today, held so that no change slips back. At all three
-# shapes: never slower than fp16 from M = 1 to 128, at least 0.8x at M = 256 (0.85-0.97, the
-# BM = 128 tile), and at M <= 16 these fractions of the ideal (today 0.78-0.89 for Q4_0,
-# 0.67-0.77 Q4_K, 0.73-0.81 Q5_K, 0.98-1.00 Q6_K, 1.00 Q8_0; the goal is 0.8).
+# shapes: never slower than fp16 from M = 1 to configs.FUSED_MAX_M (64), and at M <= 16 these
+# fractions of the ideal (today 0.78-0.89 for Q4_0, 0.67-0.77 Q4_K, 0.73-0.81 Q5_K, 0.98-1.00
+# Q6_K, 1.00 Q8_0; the goal is 0.8). Past 64, dequantize+matmul, as an H200 measured it
+# faster than the tiles (BENCHMARKS.md "GPU"), at 0.35x fp16 or more by the estimate (the H200:
+# 0.49-0.59x at 128-256, 0.74-0.80x at 1024). The estimates of the tiles are not timings:
+# the H200 ran the M = 1 GEMV at about fp16's speed, where they say 1.9-3.6x.
 SWEEP_TYPES = ["Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"]
 SWEEP_IDEAL_FLOORS = {"Q4_0": 0.75, "Q4_K": 0.65, "Q5_K": 0.7, "Q6_K": 0.95, "Q8_0": 0.95}
 
@@ -371,9 +374,9 @@ def test_batch_sweep_holds_the_batched_decode_floors(tmp_path):
     for r in rows:
         assert {"type", "M", "N", "K", "path", "speedup_vs_fp16", "fraction_of_ideal"} <= set(r)
         assert r["path"] == kernels.dispatch.matmul_path(r["type"], r["M"]), r
-        if r["M"] <= 128:
+        if r["M"] <= kernels.configs.FUSED_MAX_M:
             assert r["speedup_vs_fp16"] >= 1.0, r
-        if r["M"] == 256:
-            assert r["speedup_vs_fp16"] >= 0.8, r
+        else:
+            assert r["path"] == "dequantize+matmul" and r["speedup_vs_fp16"] >= 0.35, r
         if r["M"] <= 16:
             assert r["fraction_of_ideal"] >= SWEEP_IDEAL_FLOORS[r["type"]], r
