@@ -116,6 +116,11 @@ def _tiles(path: Path) -> dict:
 # What the tuner tries (each candidate is a compile on first use: the sets are small)
 GEMV_CANDIDATES = [{"ROWS": rows, "PARTS": parts, "num_warps": 4}
                    for rows in (1, 2, 4) for parts in (1, 2, 4)]
+# and K whole (SPLIT_K 1): two launches a product instead of four (no zeroed float32 output for
+# the atomics, no cast to x's dtype after), fewer threads a row: the H200's first timings put
+# the GEMV's 11-15 us at 4096 x 4096 near four launches' fixed cost (BENCHMARKS.md "GPU")
+GEMV_CANDIDATES += [{"ROWS": 1, "PARTS": parts, "num_warps": warps, "SPLIT_K": 1}
+                    for warps in (1, 2) for parts in (1, 2, 4)]
 GEMM_CANDIDATES = {
     16: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64, 128) for st in (2, 3)],
     32: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64) for st in (2, 3)],
@@ -540,17 +545,20 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
                     tile: dict | None = None) -> dict:
     """The dot GEMV at M rows of x (a program each) on `device`: BN rows a program, PARTS
     calls a block column, split K until about 2 programs per SM (a small matrix at batch 1
-    still fills the GPU). `tile` (ROWS, PARTS, num_warps), else the one tuned for this device
-    and x's dtype, replaces the default. No tl.dot: its shared memory is a few KB at most
-    (the tests' AOT compiles), nothing to fit."""
+    still fills the GPU). `tile` (ROWS, PARTS, num_warps, and SPLIT_K where it says), else the
+    one tuned for this device and x's dtype, replaces the default. No tl.dot: its shared
+    memory is a few KB at most (the tests' AOT compiles), nothing to fit."""
     cfg = {"ROWS": GEMV_ROWS.get(type_name, 4), "PARTS": GEMV_PARTS.get(type_name, 1), "num_warps": 4,
            **(tile or tuned(device, dtype).get("gemv", {}).get(type_name, {}))}
     warps, parts = cfg["num_warps"], cfg["PARTS"]
     bn = 32 * warps * cfg["ROWS"]
     tiles = -(-n // bn)
     split_k = 1
-    while tiles * split_k * m < 2 * device.sms and split_k * 2 <= n_blocks * parts:
-        split_k *= 2
+    if "SPLIT_K" in cfg:  # a tile that says (the tuner's K-whole candidates)
+        split_k = max(1, min(cfg["SPLIT_K"], n_blocks * parts))
+    else:
+        while tiles * split_k * m < 2 * device.sms and split_k * 2 <= n_blocks * parts:
+            split_k *= 2
     return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps}
 
 

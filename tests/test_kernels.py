@@ -190,6 +190,30 @@ def test_decode_gemv_gives_the_same_product_in_every_partition(name, rng, monkey
             assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-5, (parts, rows)
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q2_K"])  # a legacy, a K-quant, an int8-x type
+def test_the_k_whole_gemv_tiles_give_the_product_in_xs_dtype(name, rng):
+    """The tuner's GEMV candidates with SPLIT_K 1 (configs.GEMV_CANDIDATES: two launches, no
+    atomics) launch K whole and give x @ W.T in x's dtype, written by the GEMV itself."""
+    from gguf_repack_kernels import configs
+
+    qtype = TYPES_BY_NAME[name]
+    n, k = 11, 3 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    x = (torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32)) / dense.abs().max()).half()
+    ref = gemv_x(name, x) @ dense.T
+    tiles = [t for t in configs.GEMV_CANDIDATES
+             if t.get("SPLIT_K") == 1 and t["PARTS"] in kernels.FORMATS[name].dot_parts]
+    assert tiles
+    for tile in tiles:
+        cfg = configs.gemv_dot_config(name, 1, 4096, 4096 // qtype.block_size,
+                                      configs.KNOWN_DEVICES[90], torch.float16, tile)
+        assert cfg["SPLIT_K"] == 1, cfg
+        got = kernels.matmul(x, planes, name, (n, k), tile=tile)
+        assert got.dtype == torch.float16
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, tile
+
+
 @pytest.mark.parametrize("block", [32, 256])
 def test_decode_int8_x_is_gguf_pys_q8_0(block, rng):
     """The int8 GEMV's x: per 32 values, the int8 values and the scale (as float16) that
