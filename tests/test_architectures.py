@@ -30,7 +30,7 @@ from hf_models import (
     kl_per_position,
     write_model,
 )
-from test_vllm import run_vllm_many, transformers_tokens, vllm_python  # noqa: F401 (a fixture)
+from test_vllm import assert_half_per_rank, run_vllm_many, transformers_tokens, vllm_python  # noqa: F401
 
 from gguf_repack import RepackError, convert, export, verify
 from gguf_repack.integrations.architectures import ARCHITECTURES, COLUMNS, TESTED, markdown_table
@@ -39,11 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The three primary colors are red, yellow and"
 VLLM_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 # written by hf_models (the older synthetic set); the rest by arch_models
-HF_MODELS = ("qwen2", "qwen3", "mistral", "phi3")
-# through vLLM at two ranks: every dense architecture of the table whose cell says tested (llama
-# and phi3 are in tests/test_vllm.py, with what each rank holds)
-VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS]
-                        if ARCHITECTURES[a]["tp2"] == TESTED and a != "phi3")
+HF_MODELS = ("llama", "qwen2", "qwen3", "mistral", "phi3")
+# through vLLM at two ranks, in one vLLM start (each costs CI about a minute, each model's
+# ranks started again): every dense architecture of the table whose cell says tested
+VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS] if ARCHITECTURES[a]["tp2"] == TESTED)
+# and of these, what each rank holds: half of every quantized weight. phi3 holds q, k and v in
+# one tensor (attn_qkv) and gate and up in one (ffn_up): each rank must take its rows of each
+# part, not one contiguous slice of the fused rows (the tokens were wrong at TP 2 when it did),
+# and hold them once; llama's q, k and v are three types, three plane sets, each once
+HALF_PER_RANK_ARCHS = ("llama", "phi3")
 
 
 def _cells(column: str, archs) -> pytest.MarkDecorator:
@@ -140,7 +144,11 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, vllm_python)
     from transformers import AutoTokenizer
 
     outs = {arch: made(arch)[1] for arch in VLLM_TP2_ARCHS}
-    results = run_vllm_many(vllm_python, list(outs.values()), prompts=VLLM_PROMPTS, tp=2, max_tokens=8)
+    results = run_vllm_many(vllm_python, list(outs.values()), prompts=VLLM_PROMPTS, tp=2, max_tokens=8,
+                            held_bytes=True)
+    for arch in HALF_PER_RANK_ARCHS:
+        vocab = json.loads((outs[arch] / "config.json").read_text())["vocab_size"]
+        assert_half_per_rank(outs[arch], results[str(outs[arch])]["held_bytes"], vocab=vocab)
     wrong = {}
     for arch, out in outs.items():
         ref_model = transformers_gguf_model(made(arch)[2])
