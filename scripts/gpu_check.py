@@ -362,8 +362,16 @@ def check_model(device: torch.device, work: Path, smoke: bool) -> dict:
             seconds = timed(lambda: model(long), device)
             speeds[f"{label} prefill tokens/s at {prefill} tokens"] = round(prefill / seconds, 1)
     return {"greedy_tokens_equal_cpu_torch_backend": same, "first_difference_at": first_diff,
-            "tokens": got, "cpu_tokens": want, "speeds": speeds,
-            "moe": check_moe_model(device, work, smoke)}
+            "tokens": got, "cpu_tokens": want, "speeds": speeds, "moe": moe_part(device, work, smoke)}
+
+
+def moe_part(device: torch.device, work: Path, smoke: bool) -> dict:
+    """check_moe_model, its failure reported beside the llama's results rather than in place
+    of them."""
+    try:
+        return check_moe_model(device, work, smoke)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
 
 
 def check_moe_model(device: torch.device, work: Path, smoke: bool) -> dict:
@@ -426,12 +434,15 @@ def markdown(report: dict) -> str:
                          f" (first difference at {m['first_difference_at']})")]
             lines += [f"- {k}: {v}" for k, v in m["speeds"].items()]
             moe = m["moe"]
-            lines += ["", "## Small Qwen3-MoE", "",
-                      f"- greedy tokens (float32) equal the torch backend's on CPU: "
-                      f"{moe['greedy_tokens_equal_cpu_torch_backend']}",
-                      f"- load_model's default dtype ({moe['default_dtype']}): the first "
-                      f"{moe['default_dtype_tokens_equal_before_first_difference']} of "
-                      f"{len(moe['cpu_tokens'])} tokens (prompt included) equal float32's on CPU"]
+            lines += ["", "## Small Qwen3-MoE", ""]
+            if "error" in moe:
+                lines += [f"FAIL: {moe['error']}"]
+            else:
+                lines += [f"- greedy tokens (float32) equal the torch backend's on CPU: "
+                          f"{moe['greedy_tokens_equal_cpu_torch_backend']}",
+                          f"- load_model's default dtype ({moe['default_dtype']}): the first "
+                          f"{moe['default_dtype_tokens_equal_before_first_difference']} of "
+                          f"{len(moe['cpu_tokens'])} tokens (prompt included) equal float32's on CPU"]
     return "\n".join(lines) + "\n"
 
 
