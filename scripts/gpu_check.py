@@ -392,7 +392,9 @@ def check_moe_model(device: torch.device, work: Path, smoke: bool) -> dict:
     run = dict(max_new_tokens=steps, do_sample=False)
     with torch.no_grad():
         want = load_model(out, "cpu", backend="torch").generate(ids, **run)[0].tolist()
-        got = load_model(out, device, dtype=torch.float32, backend="triton").generate(
+        # (--smoke: the torch backend, the script's steps alone; the MoE model on the Triton
+        # backend under the interpreter is tests/test_gpu_path.py's, a minute of CI here)
+        got = load_model(out, device, dtype=torch.float32, backend="torch" if smoke else "triton").generate(
             ids.to(device), **run)[0].tolist()
         half, default_dtype = got, torch.float32  # --smoke: the CPU's default is float32
         if device.type == "cuda":
