@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,22 @@ def transformers_reference():
         return cache[src]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory):
+    """tmp_path_factory.mktemp for a module's fixtures, whose directories are removed when the
+    module's tests are done: the suite writes GBs of files and converted models (a passed
+    test's own tmp_path goes at its end: pyproject.toml), and CI's disk once ran out."""
+    made = []
+
+    def mktemp(name: str) -> Path:
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -149,7 +150,7 @@ _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 # DeepSeek's multi-head latent attention (MLA), tiny: 4 heads of 32 + 32 (rope), a latent of 32
 _MLA = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=4, max_position_embeddings=256, kv_lora_rank=32, qk_nope_head_dim=32,
-            qk_rope_head_dim=32, v_head_dim=32, moe_intermediate_size=32, first_k_dense_replace=1,
+            qk_rope_head_dim=32, v_head_dim=32, moe_intermediate_size=64, first_k_dense_replace=1,
             tie_word_embeddings=False)
 
 # name -> (transformers model_type, config overrides, tokenizer kind, what the variant is)
@@ -213,18 +214,20 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     # (llama.cpp always normalizes the chosen experts' weights for qwen3moe, as Qwen3-MoE models do)
     "qwen3moe": ("qwen3_moe", dict(_SMALL, **_MOE, head_dim=32, norm_topk_prob=True,
                                    tie_word_embeddings=False), "bpe"),
-    "gpt-oss": ("gpt_oss", dict(_SMALL, head_dim=32, max_position_embeddings=64, num_local_experts=4,
+    "gpt-oss": ("gpt_oss", dict(_SMALL, head_dim=32, max_position_embeddings=256, num_local_experts=4,
                                 num_experts_per_tok=2,
                                 sliding_window=8, tie_word_embeddings=False,
                                 layer_types=["sliding_attention", "full_attention"],
-                                rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                rope_parameters={"rope_type": "yarn", "factor": 16.0, "beta_fast": 32.0,
                                                  "beta_slow": 1.0, "truncate": False,
                                                  "original_max_position_embeddings": 16,
                                                  "rope_theta": 150000.0}), "bpe"),
 }
 
 
-# llama.cpp's deepseek2 (tests/test_deepseek2.py), apart from MODELS: test_llama_cpp_files.py
+# llama.cpp's deepseek2 (tests/test_deepseek2.py), apart from MODELS. The latent and the rope
+# part of a key (kv_lora_rank + qk_rope_head_dim) make 512 + 64 = 576, DeepSeek's own, the one
+# head vLLM's CPU MLA decode kernel takes (cpu_mla.py): test_llama_cpp_files.py
 # marks each model of MODELS with its table row by transformers' model type (deepseek_v3 is
 # not one) and builds its Q8_0 reference without MLA's split kv_b_proj
 MLA_MODELS: dict[str, tuple[str, dict, str]] = {
@@ -232,23 +235,73 @@ MLA_MODELS: dict[str, tuple[str, dict, str]] = {
     # weights), MLA with a q LoRA, YaRN with its mscale, the first layer dense. scoring_func is
     # what DeepSeek's own config.json says (transformers' class has no such field; the converter
     # writes the gating function from it)
-    "deepseek-v3": ("deepseek_v3", dict(_MLA, max_position_embeddings=64, q_lora_rank=64, n_routed_experts=8,
+    "deepseek-v3": ("deepseek_v3", dict(_MLA, max_position_embeddings=256, q_lora_rank=64, n_routed_experts=8,
+                                        kv_lora_rank=512, qk_rope_head_dim=64,
                                         num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
                                         routed_scaling_factor=2.5, norm_topk_prob=True,
                                         scoring_func="sigmoid", topk_method="noaux_tc",
-                                        rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                        rope_parameters={"rope_type": "yarn", "factor": 16.0,
                                                          "original_max_position_embeddings": 16,
                                                          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707,
                                                          "mscale_all_dim": 0.707, "rope_theta": 10000.0}),
                     "bpe"),
     # DeepSeek-V2-Lite's shape: no q LoRA, softmax routing over all experts, two shared experts;
-    # a latent wider than the heads' key part (attn_k_b is not square)
-    "deepseek-v2-lite": ("deepseek_v2", dict(_MLA, kv_lora_rank=64, q_lora_rank=None, n_routed_experts=4,
+    # a latent wider than the heads' key part (attn_k_b is not square); YaRN, as V2-Lite's own
+    # config (without rope scaling, vLLM's CPU build gave other tokens than transformers for
+    # this model, through its plain interleaved rope: not looked into further)
+    "deepseek-v2-lite": ("deepseek_v2", dict(_MLA, kv_lora_rank=512, qk_rope_head_dim=64, q_lora_rank=None,
+                                             n_routed_experts=4,
                                              num_experts_per_tok=2, n_shared_experts=2,
                                              routed_scaling_factor=1.0, norm_topk_prob=False,
-                                             scoring_func="softmax", topk_method="greedy"),
+                                             scoring_func="softmax", topk_method="greedy",
+                                             max_position_embeddings=64,
+                                             rope_parameters={"rope_type": "yarn", "factor": 16.0,
+                                                              "original_max_position_embeddings": 16,
+                                                              "beta_fast": 32.0, "beta_slow": 1.0,
+                                                              "mscale": 0.707, "mscale_all_dim": 0.707,
+                                                              "rope_theta": 10000.0}),
                          "bpe"),
 }
+
+
+MLA_BIAS_SEED = 5
+
+
+def mla_reference(name: str) -> torch.nn.Module:
+    """The transformers model a file was made from: build_model's, and for V3 each router's
+    score-correction bias random too (bfloat16 values, as every weight)."""
+    model = build_model(name)
+    generator = torch.Generator().manual_seed(MLA_BIAS_SEED)
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if bias is not None:
+                bias.copy_((torch.randn(bias.shape, generator=generator) * 0.2).to(torch.bfloat16).float())
+    return model
+
+
+def mla_files(name: str, outtypes) -> dict[str, Path]:
+    """llama.cpp's files of `mla_reference(name)`, one per outtype, made once into the cache."""
+    if MLA_MODELS[name][0] != "deepseek_v3":  # (no bias: build_model's model is the reference)
+        return {t: path for (_, t), path in llama_cpp_files([(name, t) for t in outtypes]).items()}
+    plain = hf_model_dir(name)
+    key = hashlib.sha256(json.dumps([plain.parent.name, MLA_BIAS_SEED,
+                                     LLAMA_CPP_PYTHON]).encode()).hexdigest()
+    root = cache_root() / "llama.cpp-made" / f"{name}-bias-{key[:12]}"
+    hf = root / "hf"
+    with _locked(hf):
+        if not (hf / "config.json").is_file():
+            tmp = Path(tempfile.mkdtemp(dir=root.parent))
+            mla_reference(name).save_pretrained(tmp)
+            for f in plain.iterdir():  # the tokenizer
+                if f.is_file() and f.name.startswith("tokenizer"):
+                    shutil.copy(f, tmp / f.name)
+            os.replace(tmp, hf)
+    files = {t: root / f"{name}-{t}.gguf" for t in outtypes}
+    with _locked(root / "convert"):
+        if missing := [(hf, t, path) for t, path in files.items() if not path.is_file()]:
+            run_converter(missing)
+    return files
 
 
 def _entry(name: str) -> tuple[str, dict, str]:
@@ -287,8 +340,6 @@ def hf_model_dir(name: str) -> Path:
     target = cache_root() / "llama.cpp-made" / f"{name}-{key}" / "hf"
     with _locked(target):
         if not (target / "config.json").is_file():
-            import shutil
-
             tmp = Path(tempfile.mkdtemp(dir=target.parent))
             build_model(name).save_pretrained(tmp)
             for f in tokenizer_dir(kind).iterdir():

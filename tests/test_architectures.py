@@ -30,6 +30,7 @@ from hf_models import (
     kl_per_position,
     write_model,
 )
+from llama_cpp import mla_files
 from test_vllm import assert_half_per_rank, run_vllm_many, transformers_tokens, vllm_python  # noqa: F401
 
 from gguf_repack import RepackError, convert, export, verify
@@ -48,6 +49,11 @@ VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS] if ARCHITECTURES[a]["tp2
 # part, not one contiguous slice of the fused rows (the tokens were wrong at TP 2 when it did),
 # and hold them once; llama's q, k and v are three types, three plane sets, each once
 HALF_PER_RANK_ARCHS = ("llama", "phi3")
+# DeepSeek (deepseek2) at two ranks too, on files of llama.cpp's own converter (MLA's heads and
+# the experts' widths split; V2-Lite's kv_a_proj_with_mqa replicated): against our transformers
+# model of the same file, which tests/test_deepseek2.py holds to the model it was made from
+# (transformers' GGUF path has no deepseek2)
+MLA_TP2 = [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8_0")]
 
 
 def _cells(column: str, archs) -> pytest.MarkDecorator:
@@ -55,7 +61,7 @@ def _cells(column: str, archs) -> pytest.MarkDecorator:
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
+def made(module_tmp):
     """arch -> (source file, output directory, reference source): written and converted once.
     The reference source is the file transformers' GGUF path reads: the same file, except for
     mistral, which that path cannot load (it asks gguf-py for a "mistral" name map): the same
@@ -64,7 +70,7 @@ def made(tmp_path_factory):
 
     def get(arch: str):
         if arch not in cache:
-            root = tmp_path_factory.mktemp(arch)
+            root = module_tmp(arch)
             tok = byte_tokenizer_kvs() if DENSE.get(arch, {}).get("sentencepiece") else bpe_tokenizer_kvs()
             if arch in HF_MODELS:
                 src = write_model(root / f"{arch}.gguf", arch, tok, np.random.default_rng(7))
@@ -139,13 +145,19 @@ def test_a_quantized_tensor_of_a_module_that_cannot_take_one_is_held_dequantized
 
 
 @pytest.mark.slow
-@_cells("tp2", VLLM_TP2_ARCHS)
-def test_every_architecture_through_vllm_at_tensor_parallel_2(made, vllm_python):  # noqa: F811
+@_cells("tp2", [*VLLM_TP2_ARCHS, "deepseek2"])
+def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, vllm_python):  # noqa: F811
     from transformers import AutoTokenizer
 
+    from gguf_repack.hf import load_model
+
     outs = {arch: made(arch)[1] for arch in VLLM_TP2_ARCHS}
-    results = run_vllm_many(vllm_python, list(outs.values()), prompts=VLLM_PROMPTS, tp=2, max_tokens=8,
-                            held_bytes=True)
+    mla = {}
+    for name, outtype in MLA_TP2:
+        mla[name] = module_tmp(name) / "out"
+        convert(mla_files(name, [outtype])[outtype], mla[name])
+    results = run_vllm_many(vllm_python, [*outs.values(), *mla.values()], prompts=VLLM_PROMPTS, tp=2,
+                            max_tokens=8, held_bytes=True)
     for arch in HALF_PER_RANK_ARCHS:
         vocab = json.loads((outs[arch] / "config.json").read_text())["vocab_size"]
         assert_half_per_rank(outs[arch], results[str(outs[arch])]["held_bytes"], vocab=vocab)
@@ -157,6 +169,14 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, vllm_python)
         got = results[str(out)]
         if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:
             wrong[arch] = (got["token_ids"], tokens)
+    for name, out in mla.items():
+        with pytest.warns(UserWarning, match="held dequantized"):  # (kv_b_proj, Q8_0 parts)
+            ref_model = load_model(out)
+        prompt_ids, tokens = transformers_tokens(ref_model, AutoTokenizer.from_pretrained(out),
+                                                 VLLM_PROMPTS, steps=8)
+        got = results[str(out)]
+        if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:
+            wrong[name] = (got["token_ids"], tokens)
     assert not wrong, wrong
 
 

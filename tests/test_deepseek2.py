@@ -24,12 +24,7 @@ files here are made from the model with a random bias, so that a bias lost on th
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -37,14 +32,10 @@ import pytest
 import torch
 from hf_models import assert_same_predictions, kl_per_position
 from llama_cpp import (
-    LLAMA_CPP_PYTHON,
     MLA_MODELS,
-    _locked,
     build_model,
-    cache_root,
-    hf_model_dir,
-    llama_cpp_files,
-    run_converter,
+    mla_files,
+    mla_reference,
 )
 from test_llama_cpp_files import prompt_ids  # the same prompt as the other converter files
 
@@ -54,7 +45,6 @@ from gguf_repack.converter.reader import read_gguf
 from gguf_repack.integrations.tensor_map import join_kv_b
 
 KL_Q8_0 = 1e-3
-BIAS_SEED = 5
 FLOAT_PAIRS = [("deepseek-v3", "f32"), ("deepseek-v3", "f16"), ("deepseek-v3", "bf16"),
                ("deepseek-v2-lite", "f32")]
 NAMES = sorted(MLA_MODELS)
@@ -62,51 +52,15 @@ NAMES = sorted(MLA_MODELS)
 CELLS = [pytest.mark.architecture(column, "deepseek2") for column in ("convert", "transformers", "llama_cpp")]
 
 
-def reference(name: str) -> torch.nn.Module:
-    """The transformers model a file was made from: build_model's, and for V3 each router's
-    score-correction bias random too (bfloat16 values, as every weight)."""
-    model = build_model(name)
-    generator = torch.Generator().manual_seed(BIAS_SEED)
-    with torch.no_grad():
-        for module in model.modules():
-            bias = getattr(module, "e_score_correction_bias", None)
-            if bias is not None:
-                bias.copy_((torch.randn(bias.shape, generator=generator) * 0.2).to(torch.bfloat16).float())
-    return model
-
-
-def made_files(name: str, outtypes) -> dict[str, Path]:
-    """llama.cpp's files of `reference(name)`, one per outtype, made once into the cache."""
-    if MLA_MODELS[name][0] != "deepseek_v3":  # (no bias: build_model's model is the reference)
-        return {t: path for (_, t), path in llama_cpp_files([(name, t) for t in outtypes]).items()}
-    plain = hf_model_dir(name)
-    key = hashlib.sha256(json.dumps([plain.parent.name, BIAS_SEED, LLAMA_CPP_PYTHON]).encode()).hexdigest()
-    root = cache_root() / "llama.cpp-made" / f"{name}-bias-{key[:12]}"
-    hf = root / "hf"
-    with _locked(hf):
-        if not (hf / "config.json").is_file():
-            tmp = Path(tempfile.mkdtemp(dir=root.parent))
-            reference(name).save_pretrained(tmp)
-            for f in plain.iterdir():  # the tokenizer
-                if f.is_file() and f.name.startswith("tokenizer"):
-                    shutil.copy(f, tmp / f.name)
-            os.replace(tmp, hf)
-    files = {t: root / f"{name}-{t}.gguf" for t in outtypes}
-    with _locked(root / "convert"):
-        if missing := [(hf, t, path) for t, path in files.items() if not path.is_file()]:
-            run_converter(missing)
-    return files
-
-
 @pytest.fixture(scope="module")
-def made(tmp_path_factory):
+def made(module_tmp):
     """(name, outtype) -> (llama.cpp's file, our output directory, convert's summary)."""
     cache = {}
 
     def get(name: str, outtype: str):
         if (name, outtype) not in cache:
-            src = made_files(name, [outtype])[outtype]
-            out = tmp_path_factory.mktemp(f"{name}-{outtype}") / "out"
+            src = mla_files(name, [outtype])[outtype]
+            out = module_tmp(f"{name}-{outtype}") / "out"
             cache[name, outtype] = src, out, convert(src, out)
         return cache[name, outtype]
     return get
@@ -128,7 +82,7 @@ def test_float_file_gives_the_model_it_was_made_from(name, outtype, made, recwar
     src, out, summary = made(name, outtype)
     assert verify(out, against=src).ok
     assert summary.engine_file_warnings == []
-    ours, ref = load_model(out), reference(name)
+    ours, ref = load_model(out), mla_reference(name)
     assert not [w for w in recwarn if "gguf_repack" in str(w.message)]  # nothing dequantized
     assert_same_predictions(ours, ref, prompt_ids(out), steps=8)
     # transformers' own experts module on float stacks, its own router; kv_b_proj joined exactly
@@ -156,12 +110,12 @@ def _q8_0_round_trip(w: torch.Tensor) -> torch.Tensor:
 
 
 def q8_0_reference(name: str, src):
-    """reference(name) with every weight the converter writes as Q8_0 (each 2-D or 3-D weight
+    """mla_reference(name) with every weight the converter writes as Q8_0 (each 2-D or 3-D weight
     but the router's, which it keeps float32) replaced by its Q8_0 round trip, along the axis
     the file quantizes it: rows, and for kv_b_proj, which the converter splits per head into
     the key part transposed (attn_k_b) and the value part, the key part's columns. Returns the
     model and the Q8_0 weights counted, in the file and in the model."""
-    model = reference(name)
+    model = mla_reference(name)
     config = model.config
     in_file = sum(int(np.prod(t.shape)) for t in read_gguf(src).tensors if t.type.name == "Q8_0")
     in_model = 0

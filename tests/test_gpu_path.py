@@ -45,13 +45,13 @@ VLLM_PROMPTS = ["the cat sat on the mat", "once upon a time"]  # 13 and 12 token
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(module_tmp):
     """kind ("dense" or "moe") -> output directory."""
     made = {}
 
     def make(kind: str):
         if kind not in made:
-            root = tmp_path_factory.mktemp(kind)
+            root = module_tmp(kind)
             rng = np.random.default_rng(11)
             if kind == "dense":
                 src = write_model(root / "m.gguf", "llama", bpe_tokenizer_kvs(), rng,

@@ -64,12 +64,12 @@ def write_float_file(src, path, qtype: T, file_type: gguf.LlamaFileType):
 
 
 @pytest.fixture(scope="module")
-def float_files(smollm2, tmp_path_factory):
+def float_files(smollm2, module_tmp):
     """{"f16"/"bf16": (float file, output directory, convert's summary)}, each written and
     converted once."""
     made = {}
     for name, (qtype, file_type) in FLOAT_TYPES.items():
-        root = tmp_path_factory.mktemp(f"smollm2-{name}")
+        root = module_tmp(f"smollm2-{name}")
         src = write_float_file(smollm2, root / f"SmolLM2-135M-Instruct.{name.upper()}.gguf", qtype, file_type)
         out = root / "out"
         made[name] = src, out, convert(src, out)

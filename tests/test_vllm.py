@@ -94,12 +94,12 @@ def loaded(result: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tp1_runs(converted, smollm2, gemma, tmp_path_factory, vllm_python):
+def tp1_runs(converted, smollm2, gemma, module_tmp, vllm_python):
     """The tensor-parallel-size-1 runs of this module in one vLLM start (each start costs CI
     about a minute): the real models, greedy tokens for PROMPTS and held bytes, and last
     SmolLM2's directory with format_version 99 in its config.json, which must fail to load:
     {"smollm2" | "gemma" | "future": result}."""
-    future = tmp_path_factory.mktemp("future") / "out"
+    future = module_tmp("future") / "out"
     shutil.copytree(converted[smollm2.name], future)
     config = json.loads((future / "config.json").read_text())
     config["quantization_config"]["format_version"] = 99
@@ -135,14 +135,14 @@ def tensor_bytes(out: Path, quantized_only: bool = False, leaving=()) -> int:
 
 
 @pytest.fixture(scope="module")
-def synthetic(smollm2, tmp_path_factory):
+def synthetic(smollm2, module_tmp):
     """Synthetic models written with GGUFWriter and converted, with transformers' greedy tokens
     on the source file: {arch: (output directory, tokens)}."""
     made = {}
 
     def make(arch: str):
         if arch not in made:
-            root = tmp_path_factory.mktemp(arch)
+            root = module_tmp(arch)
             src = write_model(root / f"{arch}.gguf", arch, tokenizer_kvs(smollm2), np.random.default_rng(3))
             convert(src, root / "out")
             model = AutoModelForCausalLM.from_pretrained(root, gguf_file=src.name,

@@ -48,14 +48,14 @@ HELD_IN_FLOAT = {"mixtral": ["token_embd.weight"], "qwen3moe": [], "qwen2moe": [
 
 
 @pytest.fixture(scope="module")
-def moe(smollm2, tmp_path_factory):
+def moe(smollm2, module_tmp):
     """(arch, float experts) -> (output directory, the reference's prompt ids and greedy tokens
     for PROMPTS)."""
     made = {}
 
     def make(arch: str, float_experts: bool = False):
         if (arch, float_experts) not in made:
-            root = tmp_path_factory.mktemp(arch)
+            root = module_tmp(arch)
             types = (FLOAT_EXPERT_TYPES if float_experts else EXPERT_TYPES)[arch]
             src = write_moe(root / f"{arch}.gguf", arch, tokenizer_kvs(smollm2), np.random.default_rng(3),
                             expert_types=types)

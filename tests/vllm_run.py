@@ -82,6 +82,10 @@ def main() -> None:
         launcher_store = torchrun_store()
 
     calls = count_backend_calls() if args.backend_calls else None
+    # vLLM calls gc.collect() about 9 times a model (its memory profiling and clean-up), each a
+    # walk over every object of its imports: about 1 s each here. Those objects live as long as
+    # this process; frozen, the collector passes them over (and again after each model)
+    gc.freeze()
     # several models, one after another in this process (one import of vLLM for all of them)
     may_fail = set(filter(None, args.may_fail.split(",")))
     for i, model in enumerate(args.model.split(",")):
@@ -137,6 +141,7 @@ def main() -> None:
         del llm
         gc.collect()
         cleanup_dist_env_and_memory()
+        gc.freeze()  # (what the model's start imported)
 
 
 def free_port() -> int:

@@ -254,7 +254,11 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
         model_type = "deepseek_v3"
         fields.update(norm_topk_prob=normalized, n_group=groups,
                       topk_group=int(fields.get("topk_group") or groups),
-                      rope_interleave=True)  # (llama.cpp rotates adjacent pairs)
+                      rope_interleave=True,  # (llama.cpp rotates adjacent pairs)
+                      # as DeepSeek-V3's own config.json says them: vLLM's DeepSeek model reads
+                      # these two (transformers' class has no fields for them), and takes
+                      # softmax scores and no bias without them
+                      scoring_func="sigmoid", topk_method="noaux_tc" if bias else "greedy")
     elif gating in (None, GATING_SOFTMAX):  # (absent: llama.cpp takes softmax, DeepSeek-V2's)
         if bias:
             raise ValueError("softmax routing with a score-correction bias (exp_probs_b): neither "
@@ -263,7 +267,11 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
             raise ValueError("softmax routing with the chosen experts' weights normalized "
                              "(expert_weights_norm): transformers' DeepseekV2 does not normalize them")
         model_type = "deepseek_v2"
-        fields.update(topk_method="group_limited_greedy" if groups > 1 else "greedy", norm_topk_prob=False)
+        # the groups as DeepSeek-V2's own config.json says them, 1 and 1 for none (vLLM's model
+        # ranks groups always, and reads None as no count)
+        fields.update(topk_method="group_limited_greedy" if groups > 1 else "greedy", norm_topk_prob=False,
+                      scoring_func="softmax", n_group=groups,
+                      topk_group=int(fields.get("topk_group") or groups))
     else:
         raise ValueError(f"expert gating function {gating}: transformers' DeepSeek classes compute "
                          f"softmax (V2) or sigmoid (V3) scores")

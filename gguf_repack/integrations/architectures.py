@@ -59,16 +59,11 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "lfm2": _row(vllm=LFM2_DIFFERS, tp2=LFM2_DIFFERS, note="short convolutions stay float32, as in the file"),
     "qwen2moe": _row(tp2="not run yet", note="MoE with a shared expert"),
     "qwen3moe": _row(tp2=NOT_IN_CI, note="MoE"),
-    # checked 2026-12-03: the first 6 of 8 greedy tokens equal, then not (tiny random model,
-    # sliding window 8 over a 40-token prompt); TP 2 on the synthetic file gives its tokens
-    "gpt-oss": _row(vllm="fails: llama.cpp's Q8_0 file gives other tokens after 6 of 8 (not "
-                         "investigated yet)", note="MoE; expert biases, attention sinks"),
-    # vLLM's CPU build builds its DeepseekV2 model from config.json (MLA included), then fails
-    # loading: the plugin hands its kv_b_proj llama.cpp's 3-D attn_k_b/attn_v_b unjoined
-    # ("start (0) + length (256) exceeds dimension size (4)"); checked 2026-12-03, F32 V2-Lite file
-    "deepseek2": _row(vllm="fails: the plugin gives kv_b_proj attn_k_b/attn_v_b unjoined",
-                      tp2="not run: fails at one rank first",
-                      note="MLA (kv_b_proj rejoined from attn_k_b and attn_v_b; quantized: held "
+    "gpt-oss": _row(note="MoE; expert biases, attention sinks"),
+    # vLLM builds its DeepSeek model from config.json (MLA, the routing: scoring_func and
+    # topk_method written as DeepSeek's own config.json has them); the plugin joins kv_b_proj
+    # from llama.cpp's attn_k_b/attn_v_b and holds it in float
+    "deepseek2": _row(note="MLA (kv_b_proj rejoined from attn_k_b and attn_v_b; quantized: held "
                            "dequantized); MoE: V3's sigmoid routing with correction bias and groups, "
                            "V2-Lite's softmax; config.json from the metadata (transformers maps none)"),
     # llama.cpp writes blk.N.layer_output_scale.weight; gguf-py names transformers' layer_scalar

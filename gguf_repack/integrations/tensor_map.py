@@ -21,8 +21,9 @@ import re
 import numpy as np
 import torch
 
-from gguf_repack.errors import RepackError
+from gguf_repack.errors import FormatError, RepackError
 from gguf_repack.format.manifest import check_quantization_config
+from gguf_repack.runtime.qtensor import QTensor
 
 # GGUF tensors that llama.cpp stores and the engines compute instead, by full-name pattern:
 # never a parameter, so never loaded; each with the reason.
@@ -59,6 +60,24 @@ def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
         raise RepackError(f"attn_k_b {list(k_b.shape)} and attn_v_b {list(v_b.shape)} are not the "
                           f"two parts of one MLA kv_b_proj (heads, kv_lora, qk_nope) and (heads, v, kv_lora)")
     return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
+
+
+def kv_b_from_parts(hf_name: str, found: dict, mapping: TensorMapping,
+                    dtype) -> tuple[torch.Tensor, list[str]]:
+    """MLA's kv_b_proj weight `hf_name` from llama.cpp's two parts, `found` = {"k": (GGUF name,
+    tensor), "v": ...} as the file holds them (a QTensor or float): joined exactly in float, a
+    quantized part dequantized first (its blocks run along the other axis of kv_b_proj, which
+    no row order undoes). Returns the weight and the GGUF names of the quantized parts."""
+    if set(found) != {"k", "v"}:
+        raise FormatError(f"{hf_name}: the file has {found[next(iter(found))][0]} without its "
+                          f"other half (attn_k_b and attn_v_b make MLA's kv_b_proj)")
+    values, quantized = {}, []
+    for part, (gguf_name, tensor) in found.items():
+        if isinstance(tensor, QTensor):
+            quantized.append(gguf_name)
+            tensor = tensor.dequantize(torch.float32)
+        values[part] = mapping.plain(gguf_name, tensor, dtype)
+    return join_kv_b(values["k"], values["v"]), quantized
 
 
 def skip_reason(gguf_name: str) -> str | None:

@@ -22,7 +22,7 @@ from gguf_repack.integrations.tensor_map import (
     EXPERT_TENSOR,
     MLA_KV_B_PART,
     TensorMapping,
-    join_kv_b,
+    kv_b_from_parts,
     meta_model,
     without_quantization_config,
 )
@@ -153,22 +153,14 @@ def _place_plain(module, param: str, hf_name: str, value: torch.Tensor) -> None:
 
 
 def _place_kv_b(model, parts: dict[str, dict], mapping: TensorMapping, dtype) -> list[str]:
-    """MLA's kv_b_proj weights joined from llama.cpp's two parts (tensor_map.join_kv_b): exact,
-    in float; a quantized part dequantized (its blocks run along the other axis of kv_b_proj).
+    """MLA's kv_b_proj weights joined from llama.cpp's two parts (tensor_map.kv_b_from_parts).
     Returns the names of the GGUF parts that were quantized."""
     quantized = []
     for hf_name, found in parts.items():
-        if set(found) != {"k", "v"}:
-            raise FormatError(f"{hf_name}: the file has {found[next(iter(found))][0]} without its "
-                              f"other half (attn_k_b and attn_v_b make MLA's kv_b_proj)")
-        values = {}
-        for part, (gguf_name, tensor) in found.items():
-            if isinstance(tensor, QTensor):
-                quantized.append(gguf_name)
-                tensor = tensor.dequantize(torch.float32)
-            values[part] = mapping.plain(gguf_name, tensor, dtype)
+        weight, dequantized = kv_b_from_parts(hf_name, found, mapping, dtype)
+        quantized += dequantized
         module_name, _, param = hf_name.rpartition(".")
-        _place_plain(model.get_submodule(module_name), param, hf_name, join_kv_b(values["k"], values["v"]))
+        _place_plain(model.get_submodule(module_name), param, hf_name, weight)
     return quantized
 
 

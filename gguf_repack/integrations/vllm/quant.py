@@ -17,6 +17,7 @@ from vllm.model_executor.layers.linear import (
     LinearBase,
     LinearMethodBase,
     QKVParallelLinear,
+    ReplicatedLinear,
     RowParallelLinear,
     UnquantizedLinearMethod,
 )
@@ -29,6 +30,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from gguf_repack.format.manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
+from gguf_repack.integrations.tensor_map import MLA_KV_B_PART
 from gguf_repack.runtime.qtensor import QTensor, plane_torch_dtype
 
 from .names import PLANE, decoder_layer, mapping_for
@@ -130,7 +132,9 @@ class GgufRepackVllmConfig(QuantizationConfig):
 
             repacked = load(self.directory)
             mapping = mapping_for(repacked)
-            self._types = {hf: repacked.record(gguf).type for gguf, hf in mapping.names}
+            # MLA's kv_b_proj is held in float, joined from llama.cpp's two parts (weights.py)
+            self._types = {hf: "F32" if MLA_KV_B_PART.fullmatch(gguf) else repacked.record(gguf).type
+                           for gguf, hf in mapping.names}
             if self._mapper is not None:
                 self._types.update(self._mapper.apply_dict(self._types))
             self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}
@@ -307,7 +311,8 @@ class RepackLinearMethod(_PlanesMethod, LinearMethodBase):
 
     def _copy_rows(self, layer, target, plane, shard_id) -> None:
         rows = target.shape[1]
-        if isinstance(layer, RowParallelLinear) or getattr(layer, "tp_size", 1) == 1:
+        # every rank holds a replicated layer whole (DeepSeek-V2-Lite's kv_a_proj_with_mqa)
+        if isinstance(layer, (RowParallelLinear, ReplicatedLinear)) or getattr(layer, "tp_size", 1) == 1:
             start = 0
         elif isinstance(layer, QKVParallelLinear) and shard_id in ("k", "v"):
             start = layer.tp_rank // layer.num_kv_head_replicas * rows

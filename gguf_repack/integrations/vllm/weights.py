@@ -23,7 +23,7 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from gguf_repack.format.manifest import QUANT_METHOD
-from gguf_repack.integrations.tensor_map import EXPERT_TENSOR
+from gguf_repack.integrations.tensor_map import EXPERT_TENSOR, MLA_KV_B_PART, kv_b_from_parts
 from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
 
@@ -47,11 +47,20 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
     mapping = mapping_for(repacked)
     counts = {} if counts is None else counts
     counts.update(read=0, tensors=len(mapping.names))
+    kv_b_parts: dict[str, dict] = {}  # MLA kv_b_proj -> {k, v}: one float weight once both came
     for gguf_name, hf_name in mapping.names:
         if not wanted(hf_name):
             continue
         counts["read"] += 1
         tensor = repacked[gguf_name]
+        if part := MLA_KV_B_PART.fullmatch(gguf_name):
+            found = kv_b_parts.setdefault(hf_name, {})
+            found[part["part"]] = (gguf_name, tensor)
+            if len(found) == 2:
+                weight, quantized = kv_b_from_parts(hf_name, kv_b_parts.pop(hf_name), mapping, torch.float32)
+                counts.setdefault("float", []).extend(quantized)
+                yield hf_name, weight
+            continue
         # an expert stack of the file (placed by the plugin's loader, not the model's load_weights)
         expert = EXPERT_TENSOR.fullmatch(gguf_name)
         if expert:
@@ -71,6 +80,8 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
                 yield f"{module}.{PLANE}{field}", plane.transpose(0, 1)
         else:
             yield hf_name, mapping.plain(gguf_name, tensor, torch.float32)
+    for hf_name, found in kv_b_parts.items():  # a part without its other half: the error
+        kv_b_from_parts(hf_name, found, mapping, torch.float32)
 
 
 class RepackAwareModelLoader(DefaultModelLoader):
