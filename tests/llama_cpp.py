@@ -109,6 +109,27 @@ def bpe_tokenizer_dir() -> Path:
     return target
 
 
+# the added tokens llama.cpp's converter looks up in a GLM tokenizer (_set_vocab_glm: bos,
+# eot, unk, eom), after SmolLM2's 49152
+GLM_ADDED = ["[gMASK]", "<|user|>", "<|endoftext|>", "<|observation|>"]
+
+
+def glm_tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer (bpe_tokenizer_dir) with GLM's special tokens added: what the
+    converter's GLM vocabulary needs (its pre-tokenizer hash is SmolLM2's, which it knows)."""
+    target = cache_root() / "tokenizers" / "smollm2-glm"
+    with _locked(target):
+        if not (target / "tokenizer.json").is_file():
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(bpe_tokenizer_dir())
+            tok.add_special_tokens({"additional_special_tokens": GLM_ADDED})
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                tok.save_pretrained(tmp)
+                os.replace(tmp, target)
+    return target
+
+
 SPM_VOCAB = 320
 
 
@@ -214,6 +235,14 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     # (llama.cpp always normalizes the chosen experts' weights for qwen3moe, as Qwen3-MoE models do)
     "qwen3moe": ("qwen3_moe", dict(_SMALL, **_MOE, head_dim=32, norm_topk_prob=True,
                                    tie_word_embeddings=False), "bpe"),
+    # GLM-4.5/4.6's MoE: sigmoid routing with the correction bias (noaux_tc), a shared expert,
+    # the first layer dense, half the head rotated (partial rope), q/k/v biases, q/k norms
+    "glm4moe": ("glm4_moe", dict(_SMALL, head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=64, n_shared_experts=1, first_k_dense_replace=1,
+                                 n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                                 use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=0,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "partial_rotary_factor": 0.5}), "glm"),
     "gpt-oss": ("gpt_oss", dict(_SMALL, head_dim=32, max_position_embeddings=256, num_local_experts=4,
                                 num_experts_per_tok=2,
                                 sliding_window=8, tie_word_embeddings=False,
@@ -304,12 +333,19 @@ def mla_files(name: str, outtypes) -> dict[str, Path]:
     return files
 
 
+def llama_cpp_file(name: str, outtype: str) -> Path:
+    """One file of llama.cpp's converter, of MODELS or MLA_MODELS, made once into the cache."""
+    if name in MLA_MODELS:
+        return mla_files(name, [outtype])[outtype]
+    return llama_cpp_files([(name, outtype)])[(name, outtype)]
+
+
 def _entry(name: str) -> tuple[str, dict, str]:
     return MODELS[name] if name in MODELS else MLA_MODELS[name]
 
 
 def tokenizer_dir(kind: str) -> Path:
-    return bpe_tokenizer_dir() if kind == "bpe" else spm_tokenizer_dir()
+    return {"bpe": bpe_tokenizer_dir, "glm": glm_tokenizer_dir, "spm": spm_tokenizer_dir}[kind]()
 
 
 def build_model(name: str, dtype=torch.float32):
@@ -319,17 +355,68 @@ def build_model(name: str, dtype=torch.float32):
 
     model_type, overrides, kind = _entry(name)
     tok = json.loads((tokenizer_dir(kind) / "tokenizer_config.json").read_text()) if kind == "spm" else None
-    vocab = SPM_VOCAB if tok is not None else 49152
+    vocab = SPM_VOCAB if tok is not None else 49152 + (len(GLM_ADDED) if kind == "glm" else 0)
     config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
                                   **overrides)
     torch.manual_seed(int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little"))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
-            # the default init leaves norms at 1 and biases at 0: random values test their mapping
-            p.copy_((torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.1) + (1.0 if p.dim() == 1 else 0.0))
-                    .to(torch.bfloat16).float())
+            p.copy_(_random_like(p))
     return model.to(dtype).eval()
+
+
+def _random_like(p: torch.Tensor) -> torch.Tensor:
+    """Random values of p's shape, bfloat16-exact: the default init leaves norms at 1 and biases
+    at 0, and random values test their mapping."""
+    return (torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.1) + (1.0 if p.dim() == 1 else 0.0)) \
+        .to(torch.bfloat16).float()
+
+
+def glm_mtp_files(outtypes) -> dict[str, Path]:
+    """llama.cpp's files of a GLM-4.5-shaped model with its multi-token-prediction layer, as
+    GLM-4.5's own checkpoint has one (num_nextn_predict_layers 1: a layer past the model's
+    layers, with eh_proj, enorm, hnorm and shared_head.norm), which the converter keeps as
+    blk.2 and blk.2.nextn.*: MODELS["glm4moe"] built with three layers, the third one named
+    the draft layer. Made once into the cache; the model of its first two layers is
+    `AutoModelForCausalLM.from_pretrained(files["hf"])` (transformers leaves the draft out)."""
+    model_type, overrides, kind = MODELS["glm4moe"]
+    key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, overrides, _version("transformers")],
+                                    sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_root() / "llama.cpp-made" / f"glm4moe-mtp-{key}"
+    hf = root / "hf"
+    with _locked(hf):
+        if not (hf / "config.json").is_file():
+            from safetensors.torch import load_file, save_file
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.for_model(model_type, vocab_size=49152 + len(GLM_ADDED), bos_token_id=1,
+                                          eos_token_id=2, **dict(overrides, num_hidden_layers=3))
+            torch.manual_seed(3)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(_random_like(p))
+            tmp = Path(tempfile.mkdtemp(dir=root.parent))
+            model.save_pretrained(tmp)
+            tensors = load_file(tmp / "model.safetensors")
+            h = config.hidden_size
+            tensors.update({f"model.layers.2.{name}": _random_like(torch.empty(shape))
+                            for name, shape in (("eh_proj.weight", (h, 2 * h)), ("enorm.weight", (h,)),
+                                                ("hnorm.weight", (h,)), ("shared_head.norm.weight", (h,)))})
+            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+            saved = json.loads((tmp / "config.json").read_text())
+            (tmp / "config.json").write_text(json.dumps({**saved, "num_hidden_layers": 2,
+                                                         "num_nextn_predict_layers": 1}, indent=2))
+            for f in tokenizer_dir(kind).iterdir():
+                if f.is_file() and f.suffix != ".lock":
+                    shutil.copy(f, tmp / f.name)
+            os.replace(tmp, hf)
+    files = {t: root / f"glm4moe-mtp-{t}.gguf" for t in outtypes}
+    with _locked(root / "convert"):
+        if missing := [(hf, t, path) for t, path in files.items() if not path.is_file()]:
+            run_converter(missing)
+    return {"hf": hf, **files}
 
 
 def hf_model_dir(name: str) -> Path:

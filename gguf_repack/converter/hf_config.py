@@ -37,6 +37,8 @@ MAPPED = {
     "attention.key_length_mla", "attention.value_length_mla", "expert_shared_count",
     "expert_weights_scale", "expert_weights_norm", "expert_gating_func", "expert_group_count",
     "expert_group_used_count",
+    # glm4moe's, read by `glm4moe_config`
+    "nextn_predict_layers",
 }
 # Keys that carry nothing an engine needs from config.json, each with the reason.
 IGNORED = {
@@ -283,6 +285,59 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
     for field, key in _TOKEN_IDS.items():
         fields[field] = get_key(key)
     return {"model_type": model_type, **fields}
+
+
+# -- glm4moe (GLM-4.5, 4.6, 4.7): transformers' GGUF mapping has none ------------------------------
+
+# key (after "glm4moe.") -> config field, the inverse of Glm4MoeModel.set_gguf_parameters in
+# llama.cpp's converter (conversion/glm.py); read by glm4moe_config below
+GLM4MOE_FIELDS = {
+    "context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "expert_count": "n_routed_experts",
+    "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_count": "n_shared_experts", "leading_dense_block_count": "first_k_dense_replace",
+    "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+    "expert_weights_scale": "routed_scaling_factor",
+}
+
+
+def glm4moe_config(get: Callable[[str], object], get_key: Callable[[str], object],
+                   tensor_names: set[str]) -> dict:
+    """transformers' Glm4Moe config (as a dict, model_type first) of a glm4moe file. `get(key)`
+    reads a key after "glm4moe.", `get_key` a full one. The block count llama.cpp writes
+    includes the multi-token-prediction layers (nextn_predict_layers), which the model's main
+    path does not run. Raises ValueError, with the reason, for routing Glm4Moe does not compute."""
+    fields = {field: get(key) for key, field in GLM4MOE_FIELDS.items() if get(key) is not None}
+    for key in ("block_count", "attention.head_count", "embedding_length"):
+        if get(key) is None:
+            raise ValueError(f"no glm4moe.{key}")
+    gating = get("expert_gating_func")
+    if gating not in (None, GATING_SIGMOID):
+        raise ValueError(f"expert gating function {gating}: transformers' Glm4Moe computes sigmoid scores")
+    nextn = int(get("nextn_predict_layers") or 0)
+    fields["num_hidden_layers"] = int(get("block_count")) - nextn
+    # (llama.cpp writes no vocab_size here: the token list is as long as the embedding)
+    tokens = get_key("tokenizer.ggml.tokens")
+    if tokens is not None:
+        fields["vocab_size"] = len(tokens)
+    fields["num_nextn_predict_layers"] = nextn
+    head_dim = int(fields.get("head_dim") or int(get("embedding_length")) // int(get("attention.head_count")))
+    rope_dim = int(get("rope.dimension_count") or head_dim)
+    fields["norm_topk_prob"] = bool(get("expert_weights_norm"))
+    # (what llama.cpp reads from the tensors the file has)
+    fields["attention_bias"] = any(re.fullmatch(r"blk\.\d+\.attn_q\.bias", n) for n in tensor_names)
+    fields["use_qk_norm"] = any(re.fullmatch(r"blk\.\d+\.attn_q_norm\.weight", n) for n in tensor_names)
+    # GLM's own config.json says these, and vLLM's Glm4Moe reads them
+    fields.update(scoring_func="sigmoid", topk_method="noaux_tc")
+    # (complete_config sets the scaling, as for every architecture)
+    fields["rope_parameters"] = {"rope_type": "default",
+                                 "rope_theta": float(get("rope.freq_base") or 10000.0),
+                                 "partial_rotary_factor": rope_dim / head_dim}
+    for field, key in _TOKEN_IDS.items():
+        fields[field] = get_key(key)
+    return {"model_type": "glm4_moe", **fields}
 
 
 def llama3_rope_divisors(factor, low, high, original, theta, dim) -> np.ndarray:

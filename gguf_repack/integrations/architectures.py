@@ -20,7 +20,6 @@ from __future__ import annotations
 TESTED = "tested"
 COLUMNS = {"convert": "convert", "transformers": "transformers", "vllm": "vLLM", "tp2": "vLLM TP 2",
            "llama_cpp": "llama.cpp's converter"}
-NOT_IN_CI = "passed when written; not in CI (time)"
 NO_MAMBA_KERNEL = "untestable here: vLLM's CPU build has no Mamba scan"
 # vLLM's own LFM2 on a float checkpoint of the same weights gives the plugin's logits, and
 # both differ from transformers' (5.19 and 5.24 alike) at the prompt; checked 2026-12-02
@@ -57,8 +56,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "mamba": _row(vllm=NO_MAMBA_KERNEL, tp2=NO_MAMBA_KERNEL,
                   note="state-space model; its convolution, A and D stay float32, as in the file"),
     "lfm2": _row(vllm=LFM2_DIFFERS, tp2=LFM2_DIFFERS, note="short convolutions stay float32, as in the file"),
-    "qwen2moe": _row(tp2="not run yet", note="MoE with a shared expert"),
-    "qwen3moe": _row(tp2=NOT_IN_CI, note="MoE"),
+    "qwen2moe": _row(note="MoE with a shared expert"),
+    "qwen3moe": _row(note="MoE"),
     "gpt-oss": _row(note="MoE; expert biases, attention sinks"),
     # vLLM builds its DeepSeek model from config.json (MLA, the routing: scoring_func and
     # topk_method written as DeepSeek's own config.json has them); the plugin joins kv_b_proj
@@ -66,6 +65,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "deepseek2": _row(note="MLA (kv_b_proj rejoined from attn_k_b and attn_v_b; quantized: held "
                            "dequantized); MoE: V3's sigmoid routing with correction bias and groups, "
                            "V2-Lite's softmax; config.json from the metadata (transformers maps none)"),
+    "glm4moe": _row(note="GLM-4.5/4.6: MoE, sigmoid routing with correction bias, a shared expert, "
+                         "partial rope, q/k norms; config.json from the metadata (transformers maps none)"),
     # llama.cpp writes blk.N.layer_output_scale.weight; gguf-py names transformers' layer_scalar
     # without the suffix, so transformers' GGUF path skips the tensor (read, not run): no
     # reference to test against yet

@@ -80,8 +80,21 @@ def kv_b_from_parts(hf_name: str, found: dict, mapping: TensorMapping,
     return join_kv_b(values["k"], values["v"]), quantized
 
 
-def skip_reason(gguf_name: str) -> str | None:
-    return next((why for pattern, why in SKIPPED.items() if re.fullmatch(pattern, gguf_name)), None)
+MTP_LAYER = ("a multi-token-prediction layer (num_nextn_predict_layers in config.json): a draft "
+             "model for speculative decoding, which the model's own forward pass does not run")
+
+
+def skip_reason(gguf_name: str, config: dict | None = None) -> str | None:
+    """Why a GGUF tensor with no parameter is not loaded (SKIPPED; the layers past the model's
+    own that llama.cpp writes for multi-token prediction: GLM-4.5's blk.N.nextn.* and the
+    layer around them), or None."""
+    if why := next((why for pattern, why in SKIPPED.items() if re.fullmatch(pattern, gguf_name)), None):
+        return why
+    config = config or {}
+    block = re.match(r"blk\.(\d+)\.", gguf_name)
+    if block and config.get("num_nextn_predict_layers") and int(block[1]) >= config["num_hidden_layers"]:
+        return MTP_LAYER
+    return None
 
 
 def tensor_processor(gguf_arch: str, config: dict):
@@ -225,7 +238,7 @@ class TensorMapping:
         self._shapes = {name: tuple(params[hf].shape) for name, hf in self.names if hf in params}
         self.skipped, unmapped = {}, []
         for name in (n for n in repacked if n not in hf_names):
-            if reason := skip_reason(name):
+            if reason := skip_reason(name, self.config):
                 self.skipped[name] = reason
             else:
                 unmapped.append(name)

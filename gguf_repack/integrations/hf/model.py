@@ -229,7 +229,8 @@ def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Te
 # transformers' experts modules that compute act(x @ gate.T + b) * (x @ up.T + b) @ down.T + b per
 # expert, weighted by the router: what QuantExperts computes; whether they have biases
 EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeExperts": False,
-                  "GptOssExperts": True, "DeepseekV2Experts": False, "DeepseekV3Experts": False}
+                  "GptOssExperts": True, "DeepseekV2Experts": False, "DeepseekV3Experts": False,
+                  "Glm4MoeExperts": False}
 
 
 def _activation(module):
