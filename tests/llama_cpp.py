@@ -326,11 +326,7 @@ def mla_files(name: str, outtypes) -> dict[str, Path]:
                 if f.is_file() and f.name.startswith("tokenizer"):
                     shutil.copy(f, tmp / f.name)
             os.replace(tmp, hf)
-    files = {t: root / f"{name}-{t}.gguf" for t in outtypes}
-    with _locked(root / "convert"):
-        if missing := [(hf, t, path) for t, path in files.items() if not path.is_file()]:
-            run_converter(missing)
-    return files
+    return _converted(hf, root, name, outtypes)
 
 
 def llama_cpp_file(name: str, outtype: str) -> Path:
@@ -412,11 +408,17 @@ def glm_mtp_files(outtypes) -> dict[str, Path]:
                 if f.is_file() and f.suffix != ".lock":
                     shutil.copy(f, tmp / f.name)
             os.replace(tmp, hf)
-    files = {t: root / f"glm4moe-mtp-{t}.gguf" for t in outtypes}
+    return {"hf": hf, **_converted(hf, root, "glm4moe-mtp", outtypes)}
+
+
+def _converted(hf: Path, root: Path, stem: str, outtypes) -> dict[str, Path]:
+    """{outtype: root/<stem>-<outtype>.gguf}, llama.cpp's converter run once on the HF model
+    directory `hf` for the ones not made yet."""
+    files = {t: root / f"{stem}-{t}.gguf" for t in outtypes}
     with _locked(root / "convert"):
         if missing := [(hf, t, path) for t, path in files.items() if not path.is_file()]:
             run_converter(missing)
-    return {"hf": hf, **files}
+    return files
 
 
 def hf_model_dir(name: str) -> Path:

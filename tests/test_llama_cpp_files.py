@@ -253,11 +253,13 @@ def test_glm4moe_config_leaves_the_draft_layers_out_and_refuses_other_routing():
             "expert_gating_func": 2, "expert_weights_norm": True}
     tokens = ["a"] * 151552
     config = glm4moe_config(keys.get, {"tokenizer.ggml.tokens": tokens}.get,
-                            {"blk.0.attn_q.bias", "blk.0.attn_q_norm.weight"})
+                            {"blk.0.attn_q.bias", "blk.0.attn_q_norm.weight", "blk.3.exp_probs_b.bias"})
     assert (config["model_type"], config["num_hidden_layers"], config["num_nextn_predict_layers"]) == \
         ("glm4_moe", 46, 1)
     assert config["vocab_size"] == 151552 and config["rope_parameters"]["partial_rotary_factor"] == 0.5
     assert config["attention_bias"] and config["use_qk_norm"] and config["norm_topk_prob"]
+    assert config["topk_method"] == "noaux_tc"
+    assert glm4moe_config(keys.get, {}.get, set())["topk_method"] == "greedy"  # (no bias: none expected)
     with pytest.raises(ValueError, match="sigmoid"):
         glm4moe_config({**keys, "expert_gating_func": 1}.get, {}.get, set())
 

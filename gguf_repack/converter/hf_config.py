@@ -248,7 +248,7 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
     fields.setdefault("routed_scaling_factor", 1.0)
     normalized = bool(get("expert_weights_norm"))
     gating = get("expert_gating_func")
-    bias = any(re.fullmatch(r"blk\.\d+\.exp_probs_b\.bias", n) for n in tensor_names)
+    bias = _any_block_has(tensor_names, "exp_probs_b.bias")
     groups = int(fields.get("n_group") or 1)
     if gating == GATING_SIGMOID:
         # DeepSeek-V3: sigmoid scores, the bias added for the choice only, groups ranked by their
@@ -285,6 +285,11 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
     for field, key in _TOKEN_IDS.items():
         fields[field] = get_key(key)
     return {"model_type": model_type, **fields}
+
+
+def _any_block_has(tensor_names: set[str], tensor: str) -> bool:
+    """Whether some layer of the file has `tensor` (blk.N.<tensor>)."""
+    return any(re.fullmatch(r"blk\.\d+\." + re.escape(tensor), n) for n in tensor_names)
 
 
 # -- glm4moe (GLM-4.5, 4.6, 4.7): transformers' GGUF mapping has none ------------------------------
@@ -327,10 +332,12 @@ def glm4moe_config(get: Callable[[str], object], get_key: Callable[[str], object
     rope_dim = int(get("rope.dimension_count") or head_dim)
     fields["norm_topk_prob"] = bool(get("expert_weights_norm"))
     # (what llama.cpp reads from the tensors the file has)
-    fields["attention_bias"] = any(re.fullmatch(r"blk\.\d+\.attn_q\.bias", n) for n in tensor_names)
-    fields["use_qk_norm"] = any(re.fullmatch(r"blk\.\d+\.attn_q_norm\.weight", n) for n in tensor_names)
-    # GLM's own config.json says these, and vLLM's Glm4Moe reads them
-    fields.update(scoring_func="sigmoid", topk_method="noaux_tc")
+    fields["attention_bias"] = _any_block_has(tensor_names, "attn_q.bias")
+    fields["use_qk_norm"] = _any_block_has(tensor_names, "attn_q_norm.weight")
+    # GLM's own config.json says these, and vLLM's Glm4Moe reads them (noaux_tc: the routing
+    # takes the score-correction bias, which vLLM then expects from the file)
+    fields.update(scoring_func="sigmoid",
+                  topk_method="noaux_tc" if _any_block_has(tensor_names, "exp_probs_b.bias") else "greedy")
     # (complete_config sets the scaling, as for every architecture)
     fields["rope_parameters"] = {"rope_type": "default",
                                  "rope_theta": float(get("rope.freq_base") or 10000.0),
