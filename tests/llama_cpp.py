@@ -243,6 +243,82 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                  use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=0,
                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                   "partial_rotary_factor": 0.5}), "glm"),
+    # -- architectures transformers' GGUF mapping lacks (config.json: arch_configs.py) --
+    # Command R: LayerNorm, parallel attention and MLP, scaled logits
+    "command-r": ("cohere", dict(_SMALL, logit_scale=0.25), "bpe"),
+    # Command R7B: three sliding-window layers (with rope) to one global (without); the
+    # converter reads rotary_pct, which Cohere's own config.json has
+    "cohere2": ("cohere2", dict(_SMALL, num_hidden_layers=4, sliding_window=8, logit_scale=0.25,
+                                rotary_pct=1.0), "bpe"),
+    # GLM-4-0414: half of each head rotated, q/k/v biases, post-norms
+    "glm4": ("glm4", dict(_SMALL, head_dim=32, attention_bias=True, pad_token_id=2,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": 0.5}), "glm"),
+    "olmo2": ("olmo2", dict(_SMALL, tie_word_embeddings=False), "bpe"),
+    "olmoe": ("olmoe", dict(_SMALL, num_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                            tie_word_embeddings=False), "bpe"),
+    # Granite 3: embedding, residual, attention and logit multipliers
+    "granite": ("granite", dict(_SMALL, embedding_multiplier=4.0, residual_multiplier=0.5,
+                                attention_multiplier=0.05, logits_scaling=2.0), "bpe"),
+    "granitemoe": ("granitemoe", dict(_SMALL, num_local_experts=4, num_experts_per_tok=2,
+                                      intermediate_size=64, embedding_multiplier=4.0, residual_multiplier=0.5,
+                                      attention_multiplier=0.05, logits_scaling=2.0), "bpe"),
+    "ernie4_5": ("ernie4_5", dict(_SMALL, head_dim=32), "spm"),
+    "ernie4_5-moe": ("ernie4_5_moe", dict(_SMALL, head_dim=32, moe_num_experts=4, moe_k=2,
+                                          moe_intermediate_size=64, moe_num_shared_experts=0,
+                                          moe_layer_start_index=1, moe_layer_end_index=1,
+                                          moe_layer_interval=1, tie_word_embeddings=False), "spm"),
+    # EXAONE 4.0: three sliding-window layers to one global, q/k norms, post-norms
+    "exaone4": ("exaone4", dict(_SMALL, num_hidden_layers=4, sliding_window=8), "bpe"),
+    # SmolLM3: every fourth layer without rope
+    "smollm3": ("smollm3", dict(_SMALL, num_hidden_layers=4, pad_token_id=2), "bpe"),
+    # Arcee AFM: ReLU^2 MLP without a gate
+    "arcee": ("arcee", dict(_SMALL, head_dim=32), "bpe"),
+    "seed_oss": ("seed_oss", dict(_SMALL, head_dim=32, attention_bias=True), "bpe"),
+    "gemma": ("gemma", dict(_SMALL, head_dim=32), "spm"),
+    # Llama 4 (Scout's shape): MoE every second layer (sigmoid top-1, the score applied to the
+    # expert's input, a shared expert), every fourth layer without rope and with its attention
+    # temperature, q/k L2 norms
+    "llama4": ("llama4_text", dict(_SMALL, head_dim=32, num_hidden_layers=4, intermediate_size=64,
+                                   intermediate_size_mlp=256, num_local_experts=4, num_experts_per_tok=1,
+                                   interleave_moe_layer_step=2, attention_chunk_size=8192, use_qk_norm=True,
+                                   tie_word_embeddings=False, pad_token_id=2), "bpe"),
+    # Ministral 3: YaRN with its mscale, queries scaled by position past the original context
+    "mistral3": ("ministral3", dict(_SMALL, head_dim=32, pad_token_id=2, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "llama_4_scaling_beta": 0.1}), "bpe"),
+    # Phi-3.5-MoE, with its LongRoPE (the converter reads the original context from it) and the
+    # attention factor llama.cpp's converter computes for it, sqrt(1 + ln 16 / ln 16)
+    "phimoe": ("phimoe", dict(_SMALL, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                              attention_bias=True, lm_head_bias=True, original_max_position_embeddings=16,
+                              rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                               "original_max_position_embeddings": 16,
+                                               "short_factor": [1.0 + i / 8 for i in range(16)],
+                                               "long_factor": [1.0 + i / 2 for i in range(16)],
+                                               "short_mscale": 2 ** 0.5, "long_mscale": 2 ** 0.5}), "bpe"),
+    # K-EXAONE: sigmoid routing with the correction bias, groups, a shared expert, the first
+    # layer dense, sliding-window layers
+    "exaone-moe": ("exaone_moe", dict(_SMALL, num_hidden_layers=4, sliding_window=8, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=64, num_shared_experts=1,
+                                      first_k_dense_replace=1, n_group=2, topk_group=1,
+                                      routed_scaling_factor=2.5, norm_topk_prob=True,
+                                      mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                                      tie_word_embeddings=False), "bpe"),
+    # Arcee Trinity: sigmoid routing with its bias, normalized and scaled (route_norm, score_func
+    # and the groups as Arcee's config.json has them: the converter reads them), muP embedding
+    # scale, gated attention, sliding-window layers, the first layer dense
+    "afmoe": ("afmoe", dict(_SMALL, head_dim=32, num_hidden_layers=4, num_dense_layers=1, num_experts=4,
+                            num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=64,
+                            route_scale=2.0, route_norm=True, score_func="sigmoid", n_group=1, topk_group=1,
+                            sliding_window=8, global_attn_every_n_layers=4, mup_enabled=True,
+                            pad_token_id=2), "bpe"),
+    # MiniMax-M2: sigmoid routing with its correction bias, a quarter of each head rotated, q/k
+    # norms over all heads
+    "minimax-m2": ("minimax_m2", dict(_SMALL, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
+                                      intermediate_size=64, rotary_dim=8, use_qk_norm=True,
+                                      scoring_func="sigmoid", use_routing_bias=True,
+                                      tie_word_embeddings=False), "bpe"),
     "gpt-oss": ("gpt_oss", dict(_SMALL, head_dim=32, max_position_embeddings=256, num_local_experts=4,
                                 num_experts_per_tok=2,
                                 sliding_window=8, tie_word_embeddings=False,
@@ -359,7 +435,18 @@ def build_model(name: str, dtype=torch.float32):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(_random_like(p))
+        if name in RANDOM_ROUTING_BIAS:
+            for bname, buffer in model.named_buffers():
+                if bname.endswith("e_score_correction_bias"):
+                    buffer.copy_((torch.randn_like(buffer) * 0.2).to(torch.bfloat16).float())
     return model.to(dtype).eval()
+
+
+# transformers 5 names some classes otherwise than their repositories' config.json, which is what
+# llama.cpp's converter looks up
+CHECKPOINT_CLASS = {"phimoe": "PhiMoEForCausalLM"}
+# models whose routers' score-correction bias (a buffer, zero at init) is random too
+RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe"}
 
 
 def _random_like(p: torch.Tensor) -> torch.Tensor:
@@ -425,12 +512,17 @@ def hf_model_dir(name: str) -> Path:
     """`build_model(name)` saved with its tokenizer: the converter's input."""
     model_type, overrides, kind = _entry(name)
     key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, model_type, overrides, kind, _version("transformers"),
-                                     _version("torch")], sort_keys=True).encode()).hexdigest()[:12]
+                                     _version("torch"), *(["bias"] if name in RANDOM_ROUTING_BIAS else [])],
+                                    sort_keys=True).encode()).hexdigest()[:12]
     target = cache_root() / "llama.cpp-made" / f"{name}-{key}" / "hf"
     with _locked(target):
         if not (target / "config.json").is_file():
             tmp = Path(tempfile.mkdtemp(dir=target.parent))
             build_model(name).save_pretrained(tmp)
+            if name in CHECKPOINT_CLASS:  # (the class name the original repository's config.json has)
+                config = json.loads((tmp / "config.json").read_text())
+                config["architectures"] = [CHECKPOINT_CLASS[name]]
+                (tmp / "config.json").write_text(json.dumps(config))
             for f in tokenizer_dir(kind).iterdir():
                 if f.is_file() and f.suffix != ".lock":
                     shutil.copy(f, tmp / f.name)

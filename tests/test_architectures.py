@@ -31,10 +31,18 @@ from hf_models import (
     kl_per_position,
     write_model,
 )
-from llama_cpp import llama_cpp_file
-from test_vllm import assert_half_per_rank, run_vllm_many, transformers_tokens, vllm_python  # noqa: F401
+from llama_cpp import MODELS, llama_cpp_file
+from test_llama_cpp_files import table_row
+from test_vllm import (  # noqa: F401 (a fixture)
+    assert_half_per_rank,
+    run_vllm_many,
+    transformers_tokens,
+    vllm_python,
+    window_as_vllm_counts,
+)
 
 from gguf_repack import RepackError, convert, export, verify
+from gguf_repack.converter.arch_configs import ARCHS
 from gguf_repack.integrations.architectures import ARCHITECTURES, COLUMNS, TESTED, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +63,10 @@ HALF_PER_RANK_ARCHS = ("llama", "phi3")
 # replicated), GLM-4.5. Against our transformers model of the same file, which
 # tests/test_deepseek2.py and tests/test_llama_cpp_files.py hold to the model it was made from
 LLAMA_CPP_TP2 = {"deepseek2": [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8_0")],
-                 "glm4moe": [("glm4moe", "q8_0")]}
+                 "glm4moe": [("glm4moe", "q8_0")],
+                 # config.json by arch_configs.py's table (Cohere2: its window as vLLM counts it)
+                 **{table_row(name): [(name, "q8_0")] for name in MODELS
+                    if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["tp2"] == TESTED}}
 
 
 def _cells(column: str, archs) -> pytest.MarkDecorator:
@@ -158,8 +169,8 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
     for name, outtype in (pair for pairs in LLAMA_CPP_TP2.values() for pair in pairs):
         own[name] = module_tmp(name) / "out"
         convert(llama_cpp_file(name, outtype), own[name])
-    results = run_vllm_many(vllm_python, [*outs.values(), *own.values()], prompts=VLLM_PROMPTS, tp=2,
-                            max_tokens=8, held_bytes=True)
+    results = run_vllm_many(vllm_python, [*outs.values(), *map(window_as_vllm_counts, own.values())],
+                            prompts=VLLM_PROMPTS, tp=2, max_tokens=8, held_bytes=True)
     for arch in HALF_PER_RANK_ARCHS:
         vocab = json.loads((outs[arch] / "config.json").read_text())["vocab_size"]
         assert_half_per_rank(outs[arch], results[str(outs[arch])]["held_bytes"], vocab=vocab)
@@ -177,7 +188,7 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
             ref_model = load_model(out)
         prompt_ids, tokens = transformers_tokens(ref_model, AutoTokenizer.from_pretrained(out),
                                                  VLLM_PROMPTS, steps=8)
-        got = results[str(out)]
+        got = results[str(window_as_vllm_counts(out))]
         if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:
             wrong[name] = (got["token_ids"], tokens)
     assert not wrong, wrong
@@ -186,7 +197,7 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
 # Format level: convert, verify and export work for any architecture, those without an engine
 # mapping too (a small llama-shaped file under each name: the format does not look at it)
 WITHOUT_ENGINE_TEST = sorted(a for a, row in ARCHITECTURES.items() if row["transformers"] != TESTED)
-OUTSIDE_TRANSFORMERS = ["command-r", "olmo2"]
+OUTSIDE_TRANSFORMERS = ["internlm2", "jais"]
 
 
 def write_named(path: Path, arch: str) -> Path:
@@ -228,9 +239,9 @@ def test_load_says_no_engine_mapping_exists_for_the_architecture(arch, tmp_path)
 
 
 def test_inspect_names_what_each_engine_does_with_the_architecture(tmp_path, cli):
-    src = write_named(tmp_path / "m.gguf", "olmo2")
+    src = write_named(tmp_path / "m.gguf", "internlm2")
     proc = cli("inspect", src, check_exit=0)
-    assert "architecture 'olmo2': no engine mapping exists for it yet" in proc.stdout
+    assert "architecture 'internlm2': no engine mapping exists for it yet" in proc.stdout
     convert(write_named(tmp_path / "s.gguf", "starcoder2"), tmp_path / "out")
     proc = cli("inspect", tmp_path / "out", check_exit=0)
     assert "architecture 'starcoder2': convert tested; transformers tested; vLLM tested; " \
@@ -269,7 +280,7 @@ def test_every_table_cell_is_tested_or_gives_a_reason():
     for arch, row in ARCHITECTURES.items():
         for column in COLUMNS:
             assert row[column] == TESTED or len(row[column]) > 10, (arch, column)
-    assert re.fullmatch(r"[a-z0-9-]+", "".join(ARCHITECTURES))  # llama.cpp's spelling
+    assert re.fullmatch(r"[a-z0-9_-]+", "".join(ARCHITECTURES))  # llama.cpp's spelling
 
 
 def test_kl_helper_sees_a_difference():

@@ -25,9 +25,10 @@ import pytest
 import torch
 from hf_models import assert_same_predictions, kl_per_position
 from llama_cpp import MLA_MODELS, MODELS, build_model, glm_mtp_files, llama_cpp_files, mla_files
-from test_vllm import run_vllm_many, vllm_python  # noqa: F401 (a fixture)
+from test_vllm import run_vllm_many, vllm_python, window_as_vllm_counts  # noqa: F401 (a fixture)
 
 from gguf_repack import convert, export, verify
+from gguf_repack.converter.arch_configs import ARCHS
 from gguf_repack.converter.hf_config import (
     glm4moe_config,
     llama3_from_divisors,
@@ -35,6 +36,7 @@ from gguf_repack.converter.hf_config import (
     unaccounted_keys,
 )
 from gguf_repack.converter.reader import read_gguf
+from gguf_repack.integrations.architectures import ARCHITECTURES, TESTED
 
 PROMPT = ("The three primary colors are red, yellow and blue. The capital of France is Paris, "
           "and the capital of Italy is Rome. def fibonacci(n): return n if n < 2 else "
@@ -57,12 +59,13 @@ def table_row(name: str) -> str:
         return "glm4moe"
     model_type = MODELS[name][0]
     return {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
-            "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe"}.get(model_type, model_type)
+            "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe",
+            **{spec.model_type: arch for arch, spec in ARCHS.items()}}.get(model_type, model_type)
 
 
 # architectures transformers' GGUF path cannot read: these files are their transformers tests
 # too (load_model against the model they were made from), and their format-level ones
-OUTSIDE_TRANSFORMERS_GGUF = {"glm4moe"}
+OUTSIDE_TRANSFORMERS_GGUF = {"glm4moe", *ARCHS}
 
 
 def marked(name: str, outtype: str):
@@ -121,8 +124,9 @@ def q8_0_reference(name: str, src) -> torch.nn.Module:
         if t.type.name == "Q8_0":
             shape = t.shape
             quantized[shape] = quantized.get(shape, 0) + int(np.prod(shape))
-    # modules holding (in, out) weights: GPT-2's Conv1D, gpt-oss's experts
-    conv1d = {n for n, m in model.named_modules() if type(m).__name__ in ("Conv1D", "GptOssExperts")}
+    # modules holding (in, out) weights: GPT-2's Conv1D, gpt-oss's and Llama 4's experts
+    conv1d = {n for n, m in model.named_modules()
+              if type(m).__name__ in ("Conv1D", "GptOssExperts", "Llama4TextExperts")}
     done = {}
     with torch.no_grad():
         for pname, p in model.named_parameters():
@@ -292,13 +296,21 @@ VLLM_PAIRS = [("llama", "f16"), ("llama-rope-llama3", "f32"), ("llama-rope-yarn"
               ("gpt-oss", "q8_0"),
               # GLM-4.5's routing (sigmoid, correction bias) and shared expert, partial rope; and
               # a file with its draft layer for multi-token prediction, left out
-              ("glm4moe", "q8_0"), ("glm4moe-mtp", "f32")]
+              ("glm4moe", "q8_0"), ("glm4moe-mtp", "f32"),
+              # the architectures whose config.json is arch_configs.py's table (Cohere2 with
+              # its window as vLLM counts it: test_vllm.window_as_vllm_counts)
+              *((name, "q8_0") for name in NAMES
+                if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["vllm"] == TESTED),
+              # Llama 4 float too (vLLM's own experts method; its load_weights reorders the q/k
+              # rows, which the plugin gives the quantized planes: weights._load_row_order)
+              ("llama4", "f32")]
 # and a shorter one (22 tokens, past the original context of the rope-scaled models: under
 # it, transformers and vLLM pick LongRoPE's factors differently): over the long prompt some
 # tiny random models repeat one token
 VLLM_PROMPTS = [PROMPT, "Once upon a time there was a little girl who lived in a village near the forest, "
                         "and every day she"]
-VLLM_ARCHS = sorted({table_row(name) for name, _ in VLLM_PAIRS} - {"llama", "gemma3"})
+VLLM_ARCHS = sorted({table_row(name) for name, _ in VLLM_PAIRS
+                     if ARCHITECTURES[table_row(name)]["vllm"] == TESTED} - {"llama", "gemma3"})
 
 
 @pytest.mark.slow
@@ -307,7 +319,8 @@ def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):
     from gguf_repack.hf import load_model
 
     outs = {pair: made(*pair)[1] for pair in VLLM_PAIRS}
-    results = run_vllm_many(vllm_python, list(outs.values()), prompts=VLLM_PROMPTS, max_tokens=8)
+    results = run_vllm_many(vllm_python, [window_as_vllm_counts(out) for out in outs.values()],
+                            prompts=VLLM_PROMPTS, max_tokens=8)
     wrong = {}
     for (name, outtype), out in outs.items():
         # the reference: transformers' model of the same weights (Q8_0: ours, which the Q8_0
@@ -316,7 +329,7 @@ def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):
 
         # (the MTP file: ours, which test_glm_file_with_its_draft_layer_... holds to its model)
         ref = build_model(name) if outtype != "q8_0" and name in MODELS else load_model(out)
-        got = results[str(out)]
+        got = results[str(window_as_vllm_counts(out))]
         for i, prompt in enumerate(VLLM_PROMPTS):
             ids = AutoTokenizer.from_pretrained(out)(prompt, return_tensors="pt").input_ids
             assert got["prompt_token_ids"][i] == ids[0].tolist()
@@ -326,3 +339,82 @@ def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):
             if got["token_ids"][i] != tokens:
                 wrong[name, outtype, i] = (got["token_ids"][i], tokens)
     assert not wrong, wrong
+
+
+def test_arch_config_tables_read_the_layers_llama_cpp_runs():
+    """own_config's per-architecture details, on keys as llama.cpp's converter writes them."""
+    from gguf_repack.converter.arch_configs import own_config
+
+    keys = {"block_count": 4, "attention.head_count": 4, "embedding_length": 128,
+            "attention.head_count_kv": 2, "attention.sliding_window": 8}
+    tokens = {"tokenizer.ggml.tokens": ["a"] * 300}.get
+    # Cohere2 writes no pattern: llama.cpp's, every fourth layer global
+    cohere2 = own_config("cohere2", keys.get, tokens, set())
+    assert cohere2["layer_types"] == ["sliding_attention"] * 3 + ["full_attention"]
+    assert (cohere2["vocab_size"], cohere2["head_dim"]) == (300, 32)
+    # EXAONE 4.0 with its pattern key, and without a window (EXAONE-4.0-1.2B): every layer global
+    pattern = {**keys, "attention.sliding_window_pattern": [True, False, True, False]}
+    assert own_config("exaone4", pattern.get, tokens, set())["layer_types"] == \
+        ["sliding_attention", "full_attention"] * 2
+    no_window = {k: v for k, v in keys.items() if k != "attention.sliding_window"}
+    exaone = own_config("exaone4", no_window.get, tokens, set())
+    assert exaone["layer_types"] == ["full_attention"] * 4 and exaone["sliding_window"] is None
+    # biases and q/k norms as the tensors say; partial rope only where the class has it
+    seed = own_config("seed_oss", keys.get, tokens, {"blk.0.attn_q.bias"})
+    assert seed["attention_bias"] and not seed["attention_out_bias"]
+    partial = {**keys, "rope.dimension_count": 16}
+    assert own_config("glm4", partial.get, tokens, set())["rope_parameters"]["partial_rotary_factor"] == 0.5
+    with pytest.raises(ValueError, match="rotates the whole head"):
+        own_config("olmo2", partial.get, tokens, set())
+    # MiniMax-M2: sigmoid only, and vLLM's fields as its own config.json has them
+    minimax = own_config("minimax-m2", {**keys, "expert_gating_func": 2}.get, tokens,
+                         {"blk.1.exp_probs_b.bias"})
+    assert (minimax["scoring_func"], minimax["use_routing_bias"]) == ("sigmoid", True)
+    with pytest.raises(ValueError, match="sigmoid"):
+        own_config("minimax-m2", {**keys, "expert_gating_func": 1}.get, tokens, set())
+
+
+@pytest.mark.slow
+def test_a_quantized_router_of_its_own_class_is_held_in_float(made, tmp_path):
+    """Llama 4's router is a Linear subclass that returns its scores too: a file with it
+    quantized (llama-quantize keeps routers F32; other tools may not) gets it dequantized, with
+    the warning, and the model's predictions; the rest of its layers stay quantized."""
+    from gguf_repack.hf import QuantLinear, load_model
+
+    src, _, _ = made("llama4", "q8_0")
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(tmp_path / "router-q8_0.gguf", "llama4")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            writer.add_key_value(key, field.contents(), field.types[0],
+                                 sub_type=field.types[-1] if len(field.types) > 1 else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.name.endswith("ffn_gate_inp.weight"):
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32
+            rows = data.reshape(tuple(int(d) for d in reversed(t.shape)))
+            writer.add_tensor(t.name, gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    convert(tmp_path / "router-q8_0.gguf", tmp_path / "out")
+    with pytest.warns(UserWarning, match="ffn_gate_inp"):
+        ours = load_model(tmp_path / "out")
+    assert type(ours.model.layers[1].feed_forward.router).__name__ == "Llama4Router"
+    assert isinstance(ours.model.layers[1].feed_forward.shared_expert.up_proj, QuantLinear)
+    ref = load_model(made("llama4", "q8_0")[1])  # with gguf-py's Q8_0 round trip of the routers
+    for layer in ref.model.layers:
+        router = getattr(layer.feed_forward, "router", None)
+        if router is not None:
+            w = router.weight.detach().numpy()
+            back = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                                          gguf.GGMLQuantizationType.Q8_0)
+            router.weight.data = torch.from_numpy(back)
+    ids = prompt_ids(made("llama4", "q8_0")[1])
+    with torch.no_grad():
+        kl = kl_per_position(ref(ids).logits[0], ours(ids).logits[0])
+    assert kl.max().item() <= KL_Q8_0, kl.max().item()

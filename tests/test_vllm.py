@@ -39,6 +39,27 @@ def vllm_python() -> str:
     return python
 
 
+def window_as_vllm_counts(out: Path) -> Path:
+    """`out` as vLLM must be given it to compute what transformers and llama.cpp compute.
+    vLLM's Cohere2 attends over sliding_window + 1 tokens (its comment: Cohere's training
+    convention; checked: the window one less in config.json gives transformers' tokens),
+    transformers and llama.cpp over sliding_window. For Cohere2, a sibling directory with
+    config.json's window one less and every other file hard-linked (the loader refuses a
+    symlink out of the directory); any other `out` as it is."""
+    config = json.loads((out / "config.json").read_text())
+    if config["model_type"] != "cohere2":
+        return out
+    view = out.with_name(out.name + "-vllm-window")
+    if not view.exists():
+        view.mkdir()
+        for f in out.iterdir():
+            if f.name != "config.json":
+                os.link(f, view / f.name)
+        window = config["sliding_window"] - 1
+        (view / "config.json").write_text(json.dumps({**config, "sliding_window": window}))
+    return view
+
+
 def run_vllm(python: str, model: Path, prompts=PROMPTS, tp: int = 1, pp: int = 1, eager: bool = True,
              expect_ok: bool = True, held_bytes: bool = False, max_tokens: int = 16):
     """vLLM's greedy tokens (and with `held_bytes`, what each worker's model holds, by

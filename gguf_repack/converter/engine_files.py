@@ -29,12 +29,11 @@ import numpy as np
 
 from gguf_repack.format.manifest import quantization_config
 
-from .hf_config import complete_config, deepseek2_config, glm4moe_config, unaccounted_keys
+from .arch_configs import OWN_CONFIGS
+from .hf_config import complete_config, unaccounted_keys
 from .reader import GGUFFile, GGUFSet, GGUFValueType, StringArray
 
 CONFIG_FILES = ("config.json", "generation_config.json")
-# the architectures transformers' GGUF mapping lacks, whose config.json is ours (hf_config.py)
-OWN_CONFIGS = {"deepseek2": deepseek2_config, "glm4moe": glm4moe_config}
 
 
 def hf_available() -> str | None:
@@ -67,7 +66,7 @@ def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
     tensor_names = [t.name for _, t in gset.tensors]
     arch = gguf.get("general.architecture")
     own = None
-    if arch in OWN_CONFIGS:  # (transformers' GGUF mapping has none: ours, hf_config.py)
+    if arch in OWN_CONFIGS:  # (transformers' GGUF mapping has none: ours, arch_configs.py)
         try:
             own = OWN_CONFIGS[arch](lambda key: gguf.get(f"{arch}.{key}"), gguf.get, set(tensor_names))
         except ValueError as e:
@@ -185,10 +184,16 @@ def _gpt_oss_config(config, gguf: GGUFFile):
     return config
 
 
+# the class names the original repositories' config.json say where transformers 5 renamed the
+# class: vLLM picks its model by this name (PhimoeForCausalLM is none of vLLM's, which would
+# take its generic Transformers backend)
+_CHECKPOINT_CLASS = {"phimoe": "PhiMoEForCausalLM"}
+
+
 def _causal_lm_class(model_type: str) -> list[str] | None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    name = _CHECKPOINT_CLASS.get(model_type) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     return [name] if name else None
 
 

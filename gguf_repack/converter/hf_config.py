@@ -39,6 +39,10 @@ MAPPED = {
     "expert_group_used_count",
     # glm4moe's, read by `glm4moe_config`
     "nextn_predict_layers",
+    # read by arch_configs.own_config: Command R's and Granite's scales, ERNIE's MoE layers,
+    # the sliding-window layers
+    "logit_scale", "attention.scale", "embedding_scale", "residual_scale", "interleave_moe_layer_step",
+    "attention.sliding_window_pattern", "attention.temperature_scale",
 }
 # Keys that carry nothing an engine needs from config.json, each with the reason.
 IGNORED = {
@@ -138,6 +142,11 @@ def _scaling(config, get, tensor_names, read_f32, notes, theta: float) -> dict:
                 config.original_max_position_embeddings = int(original)
         if get("rope.scaling.attn_factor"):
             rope["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        if config.model_type == "phimoe":
+            # PhiMoE scales cos/sin by short_mscale or long_mscale; llama.cpp by the one factor its
+            # converter computes, sqrt(1 + ln(context / original) / ln(original)) (Phi-3.5-MoE's
+            # own config.json says 1.243 for both; its GGUF files run with 1.190)
+            rope["short_mscale"] = rope["long_mscale"] = float(get("rope.scaling.attn_factor") or 1.0)
         return rope
     if "rope_freqs.weight" in tensor_names:
         dim = int(get("rope.dimension_count") or getattr(config, "head_dim", None)
@@ -166,6 +175,14 @@ def _scaling(config, get, tensor_names, read_f32, notes, theta: float) -> dict:
                           ("rope.scaling.attn_factor", "attention_factor")):
             if get(key) is not None:
                 rope[name] = float(get(key))
+        if config.model_type == "ministral3":
+            # Ministral 3: the converter writes mscale_all_dim as it is (mscale is equal to it in
+            # Mistral's configs), and Llama 4's attention scaling by position, beta
+            rope["mscale"] = rope["mscale_all_dim"] = float(get("rope.scaling.yarn_log_multiplier") or 1.0)
+            rope["llama_4_scaling_beta"] = beta = float(get("attention.temperature_scale") or 0.0)
+            # as Mistral's own params.json has it: vLLM's Mistral model reads this, not the
+            # rope parameters (and without it leaves the queries unscaled past the original)
+            config.llama_4_scaling = {"original_max_position_embeddings": int(original or 0), "beta": beta}
         if config.model_type in MLA_MODEL_TYPES and get("rope.scaling.yarn_log_multiplier"):
             # DeepSeek's mscale_all_dim, which the converter writes times 0.1; llama.cpp scales
             # q.k by its mscale squared and leaves the rotary part unscaled, which is
@@ -209,7 +226,7 @@ DEEPSEEK2_FIELDS = {
 }
 # gguf's ExpertGatingFuncType
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
-_TOKEN_IDS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
+TOKEN_IDS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
               "pad_token_id": "tokenizer.ggml.padding_token_id"}
 
 
@@ -248,7 +265,7 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
     fields.setdefault("routed_scaling_factor", 1.0)
     normalized = bool(get("expert_weights_norm"))
     gating = get("expert_gating_func")
-    bias = _any_block_has(tensor_names, "exp_probs_b.bias")
+    bias = any_block_has(tensor_names, "exp_probs_b.bias")
     groups = int(fields.get("n_group") or 1)
     if gating == GATING_SIGMOID:
         # DeepSeek-V3: sigmoid scores, the bias added for the choice only, groups ranked by their
@@ -282,12 +299,12 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
     # (complete_config sets the scaling, as for every architecture)
     fields["rope_parameters"] = {"rope_type": "default",
                                  "rope_theta": float(fields.pop("rope_theta", 10000.0))}
-    for field, key in _TOKEN_IDS.items():
+    for field, key in TOKEN_IDS.items():
         fields[field] = get_key(key)
     return {"model_type": model_type, **fields}
 
 
-def _any_block_has(tensor_names: set[str], tensor: str) -> bool:
+def any_block_has(tensor_names: set[str], tensor: str) -> bool:
     """Whether some layer of the file has `tensor` (blk.N.<tensor>)."""
     return any(re.fullmatch(r"blk\.\d+\." + re.escape(tensor), n) for n in tensor_names)
 
@@ -332,17 +349,17 @@ def glm4moe_config(get: Callable[[str], object], get_key: Callable[[str], object
     rope_dim = int(get("rope.dimension_count") or head_dim)
     fields["norm_topk_prob"] = bool(get("expert_weights_norm"))
     # (what llama.cpp reads from the tensors the file has)
-    fields["attention_bias"] = _any_block_has(tensor_names, "attn_q.bias")
-    fields["use_qk_norm"] = _any_block_has(tensor_names, "attn_q_norm.weight")
+    fields["attention_bias"] = any_block_has(tensor_names, "attn_q.bias")
+    fields["use_qk_norm"] = any_block_has(tensor_names, "attn_q_norm.weight")
     # GLM's own config.json says these, and vLLM's Glm4Moe reads them (noaux_tc: the routing
     # takes the score-correction bias, which vLLM then expects from the file)
     fields.update(scoring_func="sigmoid",
-                  topk_method="noaux_tc" if _any_block_has(tensor_names, "exp_probs_b.bias") else "greedy")
+                  topk_method="noaux_tc" if any_block_has(tensor_names, "exp_probs_b.bias") else "greedy")
     # (complete_config sets the scaling, as for every architecture)
     fields["rope_parameters"] = {"rope_type": "default",
                                  "rope_theta": float(get("rope.freq_base") or 10000.0),
                                  "partial_rotary_factor": rope_dim / head_dim}
-    for field, key in _TOKEN_IDS.items():
+    for field, key in TOKEN_IDS.items():
         fields[field] = get_key(key)
     return {"model_type": "glm4_moe", **fields}
 

@@ -37,7 +37,7 @@ SKIPPED = {
 
 # transformers' one parameter for an expert stack's gate and up rows (llama.cpp's two tensors),
 # and gpt-oss's expert biases (gate and up joined there too)
-_JOINED_GATE_UP = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.gate_up_proj"
+_JOINED_GATE_UP = r"model\.layers\.(?P<bid>\d+)\.(mlp|block_sparse_moe|feed_forward)\.experts\.gate_up_proj"
 _EXPERT_BIAS = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.(?P<proj>gate_up|down)_proj_bias"
 
 
@@ -97,10 +97,17 @@ def skip_reason(gguf_name: str, config: dict | None = None) -> str | None:
     return None
 
 
+# architectures outside transformers' GGUF mapping whose tensors llama.cpp's converter changes
+# as it does another's, by the architecture whose transformers fix undoes it: llama's Q/K rows
+# permuted for its rope (LlamaModel's subclasses with undo_permute), Gemma's norms stored 1 + w
+SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "arcee": "llama", "smollm3": "llama",
+               "mistral3": "llama", "gemma": "gemma2"}
+
+
 def tensor_processor(gguf_arch: str, config: dict):
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    return TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)(config=config)
+    return TENSOR_PROCESSORS.get(SAME_FIX_AS.get(gguf_arch, gguf_arch), TensorProcessor)(config=config)
 
 
 def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
@@ -114,13 +121,18 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
     if arch is None:
         raise RepackError(f"gguf {_gguf_version()} has no tensor names for architecture {gguf_arch!r}")
     name_map = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    renames = checkpoint_renames(model.config.model_type)
     names: dict[str, str] = {}
     for hf_name in model.state_dict(keep_vars=True):
         # transformers also tries each submodule with its own prefix dropped (a GGUF converted
-        # from the base model); the outer name wins
-        parts = hf_name.split(".")
-        for start in range(len(parts) - 1):
-            inner = ".".join(parts[start:])
+        # from the base model); the outer name wins. gguf-py's map knows the names of the
+        # original checkpoints, which transformers 5 renames for some models (GraniteMoe's
+        # router.layer is router): those are tried after the name itself
+        renamed = {re.sub(target, source, hf_name) for target, source in renames} - {hf_name}
+        spellings = [hf_name, *sorted(renamed)]
+        candidates = [".".join(parts[start:]) for name in spellings for parts in [name.split(".")]
+                      for start in range(len(parts) - 1)]
+        for inner in candidates:
             base, dot, suffix = processor.preprocess_name(inner).rpartition(".")
             if suffix not in ("weight", "bias"):
                 full = processor.preprocess_name(inner)
@@ -137,6 +149,8 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
                 names.setdefault(gguf_name + dot + suffix, hf_name)
                 if not suffix:
                     names.setdefault(gguf_name + ".weight", hf_name)
+                    if hf_name.endswith("bias"):  # (AFMoE's expert_bias: the converter's x.bias)
+                        names.setdefault(gguf_name + ".bias", hf_name)
                 break
         else:
             # transformers' own fallback, for what gguf-py's map cannot say (gate and up
@@ -156,6 +170,18 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
                 names.setdefault(gguf_name if gguf_name.endswith((".weight", ".bias"))
                                  else gguf_name + ".weight", hf_name)
     return names
+
+
+def checkpoint_renames(model_type: str) -> list[tuple[str, str]]:
+    """transformers' renamings of a model type's checkpoint names, each as (the pattern of
+    its name now, the checkpoint's): Mixtral's `.mlp.` was `.block_sparse_moe.`, GraniteMoe's
+    `router.weight` was `router.layer.weight`."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    return [(target, source.replace("\\", ""))
+            for w in get_checkpoint_conversion_mapping(model_type) or [] if isinstance(w, WeightRenaming)
+            for source, target in zip(w._original_source_patterns, w._original_target_patterns)]
 
 
 def _gguf_version() -> str:

@@ -29,7 +29,7 @@ from gguf_repack.integrations.tensor_map import (
 from gguf_repack.runtime.loader import RepackedModel, load
 from gguf_repack.runtime.qtensor import QTensor, interleave
 
-from .modules import QuantEmbedding, QuantExperts, QuantLinear
+from .modules import EveryExpert, QuantEmbedding, QuantExperts, QuantLinear
 
 
 def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -187,9 +187,17 @@ def _place_quantized(model, module_name, module, param, gguf_name, weight: QTens
 
 def _computes_on_quantized(module, param: str) -> bool:
     """Whether `module.param` can be a quantized weight: a linear layer's (transformers'
-    Conv1D is one) or an embedding's, or one of ours already (a model filled before)."""
-    return param == "weight" and (isinstance(module, (nn.Linear, nn.Embedding, QuantLinear, QuantEmbedding))
+    Conv1D is one) or an embedding's (a scaled one too: QuantEmbedding keeps the scale), or one
+    of ours already (a model filled before). Not a linear layer that computes more than
+    x @ W.T + b (NOT_PLAIN_LINEAR), which a QuantLinear would not."""
+    linear = isinstance(module, nn.Linear) and type(module).__name__ not in NOT_PLAIN_LINEAR
+    return param == "weight" and (linear or isinstance(module, (nn.Embedding, QuantLinear, QuantEmbedding))
                                   or _is_conv1d(module))
+
+
+# transformers' nn.Linear subclasses whose forward computes more than the product: Llama 4's
+# router returns its top-k scores with the logits
+NOT_PLAIN_LINEAR = {"Llama4Router"}
 
 
 def _is_conv1d(module) -> bool:
@@ -222,15 +230,22 @@ def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Te
         raise RepackError(f"{module_name}: expert stacks partly float, partly quantized are not "
                           f"supported yet")
     else:
-        model.set_submodule(module_name, QuantExperts(stacks["gate"], stacks["up"], stacks["down"],
-                                                      _activation(module), backend=backend, biases=biases))
+        experts = QuantExperts(stacks["gate"], stacks["up"], stacks["down"], _activation(module),
+                               backend=backend, biases=biases)
+        model.set_submodule(module_name, EveryExpert(experts) if kind in EVERY_EXPERT_MODULES else experts)
 
 
 # transformers' experts modules that compute act(x @ gate.T + b) * (x @ up.T + b) @ down.T + b per
 # expert, weighted by the router: what QuantExperts computes; whether they have biases
 EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeExperts": False,
                   "GptOssExperts": True, "DeepseekV2Experts": False, "DeepseekV3Experts": False,
-                  "Glm4MoeExperts": False}
+                  "Glm4MoeExperts": False, "OlmoeExperts": False, "GraniteMoeExperts": False,
+                  "Ernie4_5_MoeExperts": False, "MiniMaxM2Experts": False, "Llama4TextExperts": False,
+                  "ExaoneMoeExperts": False, "PhimoeExperts": False,
+                  "AfmoeExperts": False}
+# experts modules called on every token for every expert (E * T rows, the router's weight
+# applied to the input already): forward(hidden_states) alone
+EVERY_EXPERT_MODULES = {"Llama4TextExperts"}
 
 
 def _activation(module):
@@ -246,7 +261,12 @@ def _activation(module):
 def _fill_float_experts(module, kind: str, stacks: dict[str, torch.Tensor],
                         biases: dict[str, torch.Tensor]) -> None:
     """Float expert stacks into transformers' own module: gate and up joined along N (gpt-oss:
-    interleaved, and every stack transposed to (E, in, out))."""
+    interleaved, and every stack transposed to (E, in, out); Llama 4: transposed)."""
+    if kind == "Llama4TextExperts":
+        gate_up = torch.cat([stacks["gate"], stacks["up"]], dim=1)
+        module.gate_up_proj = nn.Parameter(gate_up.transpose(1, 2).contiguous(), requires_grad=False)
+        module.down_proj = nn.Parameter(stacks["down"].transpose(1, 2).contiguous(), requires_grad=False)
+        return
     if kind == "GptOssExperts":
         gate_up = torch.stack([stacks["gate"], stacks["up"]], dim=2).flatten(1, 2)  # rows g0 u0 g1 u1
         module.gate_up_proj = nn.Parameter(gate_up.transpose(1, 2).contiguous(), requires_grad=False)

@@ -73,6 +73,14 @@ class QuantEmbedding(_HoldsQTensor):
         out = self.qweight.embedding(ids, self.dtype, backend=self.backend)
         return out if self.embed_scale is None else out * self.embed_scale.to(self.dtype)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The table's shape, dtype and device, values NaN (one element, broadcast: no memory):
+        models that put the ids on `embed_tokens.weight.device` (Llama 4) find the planes'
+        device; any use of its values gives NaN, not numbers."""
+        device = getattr(self, _PREFIX + self.qtype.fields[0].name).device
+        return torch.full((), float("nan"), dtype=self.dtype, device=device).expand(self.weight_shape)
+
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, qtype={self.qtype.name}"
 
@@ -133,3 +141,19 @@ class QuantExperts(nn.Module):
         types = ", ".join(f"{name}={qtype.name}" for name, (qtype, _) in self.stacks.items())
         return (f"experts={self.num_experts}, hidden={self.hidden_dim}, "
                 f"intermediate={self.intermediate_dim}, {types}")
+
+
+class EveryExpert(nn.Module):
+    """Llama 4's experts module, forward(hidden_states (E * T, hidden)): rows e*T..(e+1)*T - 1
+    through expert e, the router's weight applied to the input already (zero for the experts
+    not chosen), as transformers' Llama4TextExperts computes it; over a QuantExperts."""
+
+    def __init__(self, experts: QuantExperts):
+        super().__init__()
+        self.experts = experts
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        rows = hidden_states.shape[0]
+        ids = torch.arange(self.experts.num_experts, device=hidden_states.device)
+        ids = ids.repeat_interleave(rows // self.experts.num_experts)[:, None]
+        return self.experts(hidden_states, ids, torch.ones_like(ids, dtype=hidden_states.dtype))

@@ -191,6 +191,13 @@ class RepackMoEMethod(FusedMoEMethodBase):
         if layer.expert_map is not None:
             ids = layer.expert_map[ids].long()
         weights = layer.rp1_weights
+        if layer.apply_router_weight_on_input:
+            # Llama 4 (top-1, as vLLM allows it): the router's weight scales the expert's input,
+            # not its output; vLLM's modular kernels do this in a prepare step, which this
+            # method does not go through
+            if topk_weights.shape[-1] != 1:
+                raise ValueError("gguf_repack: the router's weight on the experts' input needs top-1")
+            x = x * topk_weights.to(x.dtype)
         if "w13" in weights:
             gate, up = rp1_expert_matmul(x, ids, *_call(weights["w13"])).chunk(2, dim=-1)
         else:
@@ -200,7 +207,7 @@ class RepackMoEMethod(FusedMoEMethodBase):
         up = add_expert_bias(up, getattr(layer, BIAS + "up", None), ids)
         down = rp1_expert_matmul(self.activation(gate, up), ids, *_call(weights["w2"]))
         down = add_expert_bias(down, getattr(layer, BIAS + "down", None), ids)
-        if layer.apply_router_weight_on_input:  # the router weights are in x already
+        if layer.apply_router_weight_on_input:  # (applied to the input above)
             return down.sum(dim=1).to(x.dtype)
         return (down * topk_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(x.dtype)
 

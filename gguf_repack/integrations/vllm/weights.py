@@ -23,7 +23,12 @@ from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
 from gguf_repack.format.manifest import QUANT_METHOD
-from gguf_repack.integrations.tensor_map import EXPERT_TENSOR, MLA_KV_B_PART, kv_b_from_parts
+from gguf_repack.integrations.tensor_map import (
+    EXPERT_TENSOR,
+    MLA_KV_B_PART,
+    checkpoint_renames,
+    kv_b_from_parts,
+)
 from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
 
@@ -36,13 +41,16 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
                  counts: dict[str, int] | None = None,
                  expert_stack: Callable[[str, QTensor], None] | None = None,
                  in_float: Callable[[str], bool] = lambda module: False,
+                 row_order: Callable[[str, int], torch.Tensor | None] = lambda name, rows: None,
                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """The directory's weights under transformers' names; with `wanted`, only the tensors
     whose name it accepts are read (a pipeline stage's layers). `counts` gets "read" and
     "tensors". Expert stacks (a QTensor, or float32 for a float stack) and expert biases
     (float32) go to `expert_stack(gguf name, stack)`; a quantized weight of a module that
     `in_float` names (one the model builds without the quantization config) comes dequantized,
-    as `<module>.weight`."""
+    as `<module>.weight`. `row_order(name, rows)`: the row order the model's load_weights gives
+    a float weight of that name, which a quantized one gets here (its planes are not named
+    `.weight`), or None."""
     repacked = load(Path(directory))
     mapping = mapping_for(repacked)
     counts = {} if counts is None else counts
@@ -76,7 +84,10 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             module = hf_name.rpartition(".")[0]
             # rows first ([N, K/block, count], a view): a model's load_weights that reorders
             # or splits a fused tensor's rows on dim 0 (Bloom's QKV) does the same to the planes
-            for field, plane in mapping.quantized(gguf_name, tensor).planes.items():
+            weight = mapping.quantized(gguf_name, tensor)
+            if (rows := row_order(hf_name, weight.shape[-2])) is not None:
+                weight = weight.index_rows(rows)
+            for field, plane in weight.planes.items():
                 yield f"{module}.{PLANE}{field}", plane.transpose(0, 1)
         else:
             yield hf_name, mapping.plain(gguf_name, tensor, torch.float32)
@@ -104,7 +115,8 @@ class RepackAwareModelLoader(DefaultModelLoader):
         rename = _checkpoint_names(model, model_config.hf_config.model_type)
         weights = iter_weights(model_config.model, lambda name: not is_pp_missing_parameter(name, model),
                                counts, expert_stack=_expert_placer(model),
-                               in_float=_held_in_float(model, rename))
+                               in_float=_held_in_float(model, rename),
+                               row_order=_load_row_order(model, rename))
         yield from ((rename(name), tensor) for name, tensor in weights)
         logger.info("gguf_repack: pipeline stage %d read %d of the %d tensors of %s",
                     get_pp_group().rank_in_group, counts["read"], counts["tensors"], model_config.model)
@@ -144,25 +156,54 @@ class RepackAwareModelLoader(DefaultModelLoader):
 def _checkpoint_names(model, model_type: str) -> Callable[[str], str]:
     """transformers 5 renamed some checkpoint names (Mixtral's `.block_sparse_moe.` is `.mlp.`)
     and reads older checkpoints through its conversion mapping; vLLM's models keep the older
-    names. A name whose module the vLLM model does not have is renamed back by transformers'
-    own renamings for the model type, where that gives a module the model has."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming
-
-    renames = [(target, source.replace("\\", ""))
-               for w in get_checkpoint_conversion_mapping(model_type) or [] if isinstance(w, WeightRenaming)
-               for source, target in zip(w._original_source_patterns, w._original_target_patterns)]
+    names. A name is renamed back by transformers' own renamings for the model type (each
+    alone, and all in turn: PhiMoE's `mlp.router` was `block_sparse_moe.gate`): to a parameter
+    the model has (EXAONE-MoE's gate.e_score_correction_bias, whose module it also has, is its
+    mlp's); kept where its module is the model's; else to a module the model has, else to the
+    checkpoint's name."""
+    renames = checkpoint_renames(model_type)
     modules = {name for name, _ in model.named_modules()}
+    params = {name for name, _ in model.named_parameters()}
 
     def rename(name: str) -> str:
+        chained = name
+        for target, source in renames:
+            chained = re.sub(target, source, chained)
+        spellings = [*(re.sub(target, source, name) for target, source in renames), chained]
+        if name not in params and (found := next((s for s in spellings if s in params), None)):
+            return found
         if name.rpartition(".")[0] in modules:
             return name
-        for target, source in renames:
-            renamed = re.sub(target, source, name)
+        for renamed in spellings:
             if renamed.rpartition(".")[0] in modules:
                 return renamed
-        return name
+        # neither is a module: the checkpoint's name, which the model's load_weights reads
+        # from a real checkpoint (ERNIE-MoE's mlp.moe_statics, renamed to its gate.moe_statics)
+        return next((renamed for renamed in spellings if renamed != name), name)
     return rename
+
+
+def _load_row_order(model, rename: Callable[[str], str]) -> Callable[[str, int], torch.Tensor | None]:
+    """The row permutation a model's load_weights applies to a float `.weight` of that name
+    (vLLM's Llama 4 reorders the q/k rows from the checkpoint's interleaved rope to its own),
+    found by running it on the row numbers, as tensor_map.row_permutation does transformers'
+    fixes; None where it leaves the rows alone. A quantized weight's planes, which the model
+    does not recognize as a weight, get it here: a row order is exact on the blocks."""
+    permute = getattr(model, "permute_qk_weight_for_rotary", None)
+    if permute is None:
+        return lambda name, rows: None
+
+    def row_order(name: str, rows: int) -> torch.Tensor | None:
+        probe = torch.arange(rows, dtype=torch.float64)[:, None]
+        _, result = permute(rename(name), probe)
+        order = result[:, 0].round().long()
+        if torch.equal(order, torch.arange(rows)):
+            return None
+        if not torch.equal(order.sort().values, torch.arange(rows)):
+            raise ValueError(f"gguf_repack: {name}: {type(model).__name__} changes this weight's values "
+                             f"at load, which a quantized weight cannot follow")
+        return order
+    return row_order
 
 
 def _held_in_float(model, rename: Callable[[str], str]) -> Callable[[str], bool]:

@@ -1,0 +1,241 @@
+"""config.json for the architectures transformers' GGUF mapping lacks: one table per architecture,
+GGUF key -> config field, the inverse of the `set_gguf_parameters` of each model class in
+llama.cpp's `convert_hf_to_gguf.py` (its `conversion/` package).
+
+Most of these models are a llama with a twist, and llama.cpp's converter writes the same keys
+for all of them (TextModel.set_gguf_parameters: widths, heads, rope base, norm epsilon, expert
+counts); `COMMON` reads those, each architecture's table adds its own keys or renames a field.
+What the converter writes no key for, llama.cpp reads off the tensors the file has (biases, q/k
+norms) or fixes per architecture; `own_config` does the same, so the model transformers builds
+from config.json is the one llama.cpp runs. DeepSeek and GLM-4.5, whose configs take more than a
+table, are functions of hf_config.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .hf_config import GATING_SIGMOID, TOKEN_IDS, any_block_has, deepseek2_config, glm4moe_config
+
+# key after "<arch>." -> config field: what TextModel.set_gguf_parameters writes, by the names
+# transformers' llama-like configs give them
+COMMON = {
+    "context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size", "block_count": "num_hidden_layers",
+    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
+}
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """How one llama.cpp architecture's metadata becomes transformers' config."""
+
+    model_type: str
+    # key after "<arch>." -> config field, over COMMON (a field of None: not one of this class's)
+    fields: dict[str, str | None] = field(default_factory=dict)
+    # fields llama.cpp fixes for the architecture (it writes no key for them)
+    fixed: dict = field(default_factory=dict)
+    # llama.cpp's sliding-window layers when the file has no pattern key: every n-th global
+    swa_period: int | None = None
+    # the rotated part of a head may be less than the head (rope.dimension_count)
+    partial_rope: bool = False
+    # more fields from (get, tensor_names), for what a table cannot say
+    details: Callable[[Callable, set], dict] | None = None
+
+
+def _ernie_moe(get, tensor_names) -> dict:
+    layers = int(get("block_count"))
+    return {"moe_layer_end_index": layers - 1,
+            # (ERNIE's correction bias, moe_statics: llama.cpp's exp_probs_b)
+            "moe_use_aux_free": any_block_has(tensor_names, "exp_probs_b.bias")}
+
+
+def _minimax_m2(get, tensor_names) -> dict:
+    if get("expert_gating_func") not in (None, GATING_SIGMOID):
+        raise ValueError(f"expert gating function {get('expert_gating_func')}: MiniMax-M2 routes by "
+                         f"sigmoid scores")
+    # as MiniMax's own config.json says them (vLLM's model reads these three): sigmoid scores,
+    # the correction bias where the file has it, q/k norms over all heads at once
+    return {"scoring_func": "sigmoid", "use_routing_bias": any_block_has(tensor_names, "exp_probs_b.bias"),
+            "use_qk_norm": any_block_has(tensor_names, "attn_q_norm.weight"), "qk_norm_type": "per_layer"}
+
+
+def _llama4(get, tensor_names) -> dict:
+    if get("attention.sliding_window") == 0:
+        # (llama.cpp: a zero window is MobileLLM-R1's llama4: no chunks, rope on every layer)
+        return {"attention_chunk_size": None, "no_rope_layers": [1] * int(get("block_count"))}
+    # what llama.cpp fixes for Llama 4: attention in chunks of 8192 on the rope layers, every
+    # fourth layer without rope and with the attention temperature (floor 8192, scale 0.1),
+    # q/k L2 norms except in the 128-expert model (Maverick), as its config.json says
+    return {"attention_chunk_size": 8192, "no_rope_layer_interval": 4, "attn_temperature_tuning": True,
+            "floor_scale": 8192, "attn_scale": 0.1, "use_qk_norm": int(get("expert_count") or 0) != 128}
+
+
+def _phimoe(get, tensor_names) -> dict:
+    # (PhiMoE's LayerNorms take their epsilon from rms_norm_eps, which the converter writes)
+    return {"attention_bias": any_block_has(tensor_names, "attn_q.bias"),
+            "lm_head_bias": "output.bias" in tensor_names}
+
+
+def _exaone_moe(get, tensor_names) -> dict:
+    layers, nextn = int(get("block_count")), int(get("nextn_predict_layers") or 0)
+    dense = int(get("leading_dense_block_count") or 0)
+    gating = get("expert_gating_func")
+    if gating not in (None, GATING_SIGMOID):
+        raise ValueError(f"expert gating function {gating}: transformers' ExaoneMoe computes sigmoid scores")
+    # the block count llama.cpp writes includes the multi-token-prediction layers (as GLM's)
+    return {"num_hidden_layers": layers - nextn, "num_nextn_predict_layers": nextn,
+            "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(layers - nextn)],
+            "norm_topk_prob": bool(get("expert_weights_norm"))}
+
+
+def _afmoe(get, tensor_names) -> dict:
+    if get("expert_gating_func") not in (None, GATING_SIGMOID):
+        raise ValueError(f"expert gating function {get('expert_gating_func')}: AFMoE routes by "
+                         f"sigmoid scores")
+    if not get("expert_weights_norm"):
+        raise ValueError("the chosen experts' weights not normalized: transformers' AFMoE always "
+                         "normalizes them")
+    # as Arcee's own config.json says them (vLLM's model reads these); llama.cpp always scales
+    # the embeddings by sqrt(hidden) (muP), which transformers does with mup_enabled
+    return {"score_func": "sigmoid", "route_norm": True, "mup_enabled": True,
+            "n_group": int(get("expert_group_count") or 1),
+            "topk_group": int(get("expert_group_used_count") or 1)}
+
+
+_GRANITE = {"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
+            "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}
+_COHERE = {"attention.layer_norm_epsilon": "layer_norm_eps", "attention.layer_norm_rms_epsilon": None,
+           "logit_scale": "logit_scale"}
+
+ARCHS: dict[str, ArchConfig] = {
+    # Command R (v01, 08-2024), Aya: LayerNorm without bias, parallel attention and MLP, logits scaled
+    "command-r": ArchConfig("cohere", _COHERE),
+    # Command R7B, Command A: three sliding-window layers to one global (without rope)
+    "cohere2": ArchConfig("cohere2", {**_COHERE, "attention.sliding_window": "sliding_window"}, swa_period=4),
+    # GLM-4-0414: half of each head rotated, post-norms, gate and up in one tensor
+    "glm4": ArchConfig("glm4", partial_rope=True),
+    "olmo2": ArchConfig("olmo2"),
+    # OLMoE: llama.cpp leaves the chosen experts' weights as the softmax gave them
+    "olmoe": ArchConfig("olmoe", fixed={"norm_topk_prob": False}),
+    "granite": ArchConfig("granite", _GRANITE),
+    # (GraniteMoeShared's shared expert, ffn_*_shexp, is not mapped yet: loading names them)
+    "granitemoe": ArchConfig("granitemoe", {**_GRANITE, "expert_count": "num_local_experts"}),
+    "ernie4_5": ArchConfig("ernie4_5"),
+    "ernie4_5-moe": ArchConfig("ernie4_5_moe", {"expert_count": "moe_num_experts",
+                                                "expert_used_count": "moe_k",
+                                                "leading_dense_block_count": "moe_layer_start_index",
+                                                "interleave_moe_layer_step": "moe_layer_interval",
+                                                "expert_shared_count": "moe_num_shared_experts"},
+                               details=_ernie_moe),
+    # EXAONE 4.0: three sliding-window layers to one global, q/k norms, post-norms only
+    "exaone4": ArchConfig("exaone4", {"attention.sliding_window": "sliding_window"}, swa_period=4),
+    # SmolLM3: every fourth layer without rope (llama.cpp fixes the period; so does the class)
+    "smollm3": ArchConfig("smollm3"),
+    # Arcee AFM: ReLU^2, no gate
+    "arcee": ArchConfig("arcee"),
+    "seed_oss": ArchConfig("seed_oss"),
+    # Gemma (1): llama.cpp stores the norms as 1 + w, as for Gemma 2 and 3
+    "gemma": ArchConfig("gemma"),
+    # Llama 4 Scout, Maverick: MoE every n-th layer, sigmoid top-1 with a shared expert
+    "llama4": ArchConfig("llama4_text", {"feed_forward_length": "intermediate_size_mlp",
+                                         "expert_feed_forward_length": "intermediate_size",
+                                         "expert_count": "num_local_experts",
+                                         "interleave_moe_layer_step": "interleave_moe_layer_step"},
+                         details=_llama4),
+    # Ministral 3 (llama.cpp's mistral3: the text model of Mistral Small 3.x and Ministral 3):
+    # YaRN with its mscale, and Llama 4's attention scaling by position (both in
+    # rope_parameters, hf_config.complete_config)
+    "mistral3": ArchConfig("ministral3"),
+    # Phi-3.5-MoE
+    "phimoe": ArchConfig("phimoe", {"expert_count": "num_local_experts"}, details=_phimoe),
+    # K-EXAONE: DeepSeek-V3's routing (sigmoid, correction bias, groups, scaled weights), a
+    # shared expert, three sliding-window layers to one global
+    "exaone-moe": ArchConfig("exaone_moe", {"attention.sliding_window": "sliding_window",
+                                            "expert_shared_count": "num_shared_experts",
+                                            "expert_weights_scale": "routed_scaling_factor",
+                                            "leading_dense_block_count": "first_k_dense_replace",
+                                            "expert_group_count": "n_group",
+                                            "expert_group_used_count": "topk_group"},
+                             swa_period=4, details=_exaone_moe),
+    # Arcee Trinity (AFMoE): sigmoid routing with the correction bias, normalized and scaled,
+    # shared experts, leading dense layers, gated attention, three sliding-window layers to one
+    "afmoe": ArchConfig("afmoe", {"leading_dense_block_count": "num_dense_layers",
+                                  "expert_shared_count": "num_shared_experts",
+                                  "expert_weights_scale": "route_scale",
+                                  "attention.sliding_window": "sliding_window"},
+                        swa_period=4, details=_afmoe),
+    # MiniMax-M2: in transformers' GGUF mapping, which writes the gating function's number as
+    # scoring_func and no routing bias; part of each head rotated (rotary_dim)
+    "minimax-m2": ArchConfig("minimax_m2", {"expert_count": "num_local_experts",
+                                            "expert_feed_forward_length": None,
+                                            "rope.dimension_count": "rotary_dim"},
+                             partial_rope=True, details=_minimax_m2),
+}
+
+
+def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str], object],
+               tensor_names: set[str]) -> dict:
+    """transformers' config (as a dict, model_type first) of a file of `arch` (OWN_CONFIGS).
+    `get(key)` reads a key after "<arch>.", `get_key` a full one. Raises ValueError, with the
+    reason, for a file the config class cannot describe."""
+    from transformers import CONFIG_MAPPING
+
+    spec = ARCHS[arch]
+    for key in ("block_count", "attention.head_count", "embedding_length"):
+        if get(key) is None:
+            raise ValueError(f"no {arch}.{key}")
+    table = {**COMMON, **spec.fields}
+    fields = {name: get(key) for key, name in table.items() if name and get(key) is not None}
+    fields.update(spec.fixed)
+    known = set(CONFIG_MAPPING[spec.model_type]().to_dict())
+    if (tokens := get_key("tokenizer.ggml.tokens")) is not None:
+        fields["vocab_size"] = len(tokens)  # (the embedding's rows; not every converter writes it)
+    heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
+    head_dim = int(get("attention.key_length") or hidden // heads)
+    if "head_dim" in known:  # (class defaults differ: Gemma's 256, Arcee's 80)
+        fields["head_dim"] = head_dim
+    # what llama.cpp reads off the tensors the file has
+    for name, tensor in (("attention_bias", "attn_q.bias"), ("use_bias", "attn_q.bias"),
+                         ("attention_out_bias", "attn_output.bias"), ("mlp_bias", "ffn_up.bias"),
+                         ("use_qk_norm", "attn_q_norm.weight")):
+        if name in known:
+            fields[name] = any_block_has(tensor_names, tensor)
+    rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base") or
+                                                         CONFIG_MAPPING[spec.model_type]().rope_parameters["rope_theta"])}
+    rope_dim = int(get("rope.dimension_count") or head_dim)
+    if rope_dim != head_dim:
+        if not spec.partial_rope:
+            raise ValueError(f"rope over {rope_dim} of each head's {head_dim}: transformers' "
+                             f"{spec.model_type} rotates the whole head")
+        rope["partial_rotary_factor"] = rope_dim / head_dim
+    fields["rope_parameters"] = rope  # (complete_config sets the scaling, as for every architecture)
+    if "layer_types" in known:
+        layers = int(get("block_count"))
+        pattern = get("attention.sliding_window_pattern")
+        if "sliding_window" not in fields:  # (no window: every layer global; EXAONE-4.0-1.2B)
+            fields["sliding_window"], pattern = None, [False] * layers
+        elif pattern is None:
+            period = spec.swa_period or layers + 1
+            pattern = [(i + 1) % period != 0 for i in range(layers)]
+        pattern = [bool(swa) for swa in pattern]
+        if len(pattern) != layers:
+            raise ValueError(f"a sliding-window pattern of {len(pattern)} layers for {layers}")
+        fields["layer_types"] = ["sliding_attention" if swa else "full_attention" for swa in pattern]
+    if spec.details:
+        fields.update(spec.details(get, tensor_names))
+    for name, key in TOKEN_IDS.items():
+        fields[name] = get_key(key)
+    return {"model_type": spec.model_type, **fields}
+
+
+def _table(arch: str):
+    return lambda get, get_key, tensor_names: own_config(arch, get, get_key, tensor_names)
+
+
+# llama.cpp's architecture -> its config function: the architectures whose config.json is ours
+OWN_CONFIGS: dict[str, Callable] = {"deepseek2": deepseek2_config, "glm4moe": glm4moe_config,
+                                    **{arch: _table(arch) for arch in ARCHS}}
