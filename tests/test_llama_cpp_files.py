@@ -330,8 +330,9 @@ def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):
         # (the MTP file: ours, which test_glm_file_with_its_draft_layer_... holds to its model)
         ref = build_model(name) if outtype != "q8_0" and name in MODELS else load_model(out)
         got = results[str(window_as_vllm_counts(out))]
+        tokenizer = AutoTokenizer.from_pretrained(out)
         for i, prompt in enumerate(VLLM_PROMPTS):
-            ids = AutoTokenizer.from_pretrained(out)(prompt, return_tensors="pt").input_ids
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
             assert got["prompt_token_ids"][i] == ids[0].tolist()
             with torch.no_grad():
                 tokens = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,

@@ -4,7 +4,8 @@ llama.cpp's `convert_hf_to_gguf.py` (its `conversion/` package).
 
 Most of these models are a llama with a twist, and llama.cpp's converter writes the same keys
 for all of them (TextModel.set_gguf_parameters: widths, heads, rope base, norm epsilon, expert
-counts); `COMMON` reads those, each architecture's table adds its own keys or renames a field.
+counts); `hf_config.COMMON_FIELDS` reads those, each architecture's table adds its own keys
+or renames a field.
 What the converter writes no key for, llama.cpp reads off the tensors the file has (biases, q/k
 norms) or fixes per architecture; `own_config` does the same, so the model transformers builds
 from config.json is the one llama.cpp runs. DeepSeek and GLM-4.5, whose configs take more than a
@@ -16,17 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .hf_config import GATING_SIGMOID, TOKEN_IDS, any_block_has, deepseek2_config, glm4moe_config
-
-# key after "<arch>." -> config field: what TextModel.set_gguf_parameters writes, by the names
-# transformers' llama-like configs give them
-COMMON = {
-    "context_length": "max_position_embeddings", "embedding_length": "hidden_size",
-    "feed_forward_length": "intermediate_size", "block_count": "num_hidden_layers",
-    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "expert_count": "num_experts",
-    "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
-}
+from .hf_config import (
+    COMMON_FIELDS,
+    GATING_SIGMOID,
+    TOKEN_IDS,
+    any_block_has,
+    deepseek2_config,
+    glm4moe_config,
+)
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,7 @@ class ArchConfig:
     """How one llama.cpp architecture's metadata becomes transformers' config."""
 
     model_type: str
-    # key after "<arch>." -> config field, over COMMON (a field of None: not one of this class's)
+    # key after "<arch>." -> config field, over COMMON_FIELDS (None: not one of this class's)
     fields: dict[str, str | None] = field(default_factory=dict)
     # fields llama.cpp fixes for the architecture (it writes no key for them)
     fixed: dict = field(default_factory=dict)
@@ -188,7 +186,7 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
     for key in ("block_count", "attention.head_count", "embedding_length"):
         if get(key) is None:
             raise ValueError(f"no {arch}.{key}")
-    table = {**COMMON, **spec.fields}
+    table = {**COMMON_FIELDS, **spec.fields}
     fields = {name: get(key) for key, name in table.items() if name and get(key) is not None}
     fields.update(spec.fixed)
     known = set(CONFIG_MAPPING[spec.model_type]().to_dict())

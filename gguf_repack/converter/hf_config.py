@@ -205,7 +205,21 @@ def _times_ten(stored) -> float:
     return float(target) / 0.1
 
 
-# -- deepseek2: transformers' GGUF mapping has none ---------------------------------------------
+# -- the architectures transformers' GGUF mapping lacks ------------------------------------------
+
+# key after "<arch>." -> config field: what every llama.cpp model class writes
+# (TextModel.set_gguf_parameters), by the names transformers' llama-like configs give them; each
+# architecture's table adds to it or renames (here, and converter/arch_configs.py)
+COMMON_FIELDS = {
+    "context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size", "block_count": "num_hidden_layers",
+    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
+}
+
+
+# -- deepseek2 ------------------------------------------------------------------------------------
 
 # transformers' model types of llama.cpp's deepseek2 (multi-head latent attention)
 MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -213,13 +227,10 @@ MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 # llama.cpp's convert_hf_to_gguf.py (conversion/deepseek.py); the other keys it writes are
 # read by deepseek2_config below, or by complete_config (rope)
 DEEPSEEK2_FIELDS = {
-    "context_length": "max_position_embeddings", "embedding_length": "hidden_size",
-    "feed_forward_length": "intermediate_size", "block_count": "num_hidden_layers",
-    "attention.head_count": "num_attention_heads", "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    **COMMON_FIELDS,  # (head_count_kv is MLA's 1: deepseek2_config sets the model's heads)
     "vocab_size": "vocab_size", "leading_dense_block_count": "first_k_dense_replace",
     "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
-    "rope.dimension_count": "qk_rope_head_dim", "expert_feed_forward_length": "moe_intermediate_size",
-    "expert_count": "n_routed_experts", "expert_used_count": "num_experts_per_tok",
+    "rope.dimension_count": "qk_rope_head_dim", "expert_count": "n_routed_experts",
     "expert_shared_count": "n_shared_experts", "expert_weights_scale": "routed_scaling_factor",
     "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
     "rope.freq_base": "rope_theta",
@@ -309,16 +320,13 @@ def any_block_has(tensor_names: set[str], tensor: str) -> bool:
     return any(re.fullmatch(r"blk\.\d+\." + re.escape(tensor), n) for n in tensor_names)
 
 
-# -- glm4moe (GLM-4.5, 4.6, 4.7): transformers' GGUF mapping has none ------------------------------
+# -- glm4moe (GLM-4.5, 4.6, 4.7) ------------------------------------------------------------------
 
 # key (after "glm4moe.") -> config field, the inverse of Glm4MoeModel.set_gguf_parameters in
 # llama.cpp's converter (conversion/glm.py); read by glm4moe_config below
 GLM4MOE_FIELDS = {
-    "context_length": "max_position_embeddings", "embedding_length": "hidden_size",
-    "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
-    "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "expert_count": "n_routed_experts",
-    "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
+    **COMMON_FIELDS,  # (block_count counts the draft layers: glm4moe_config sets the model's)
+    "attention.key_length": "head_dim", "expert_count": "n_routed_experts",
     "expert_shared_count": "n_shared_experts", "leading_dense_block_count": "first_k_dense_replace",
     "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
     "expert_weights_scale": "routed_scaling_factor",
