@@ -313,6 +313,8 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                             route_scale=2.0, route_norm=True, score_func="sigmoid", n_group=1, topk_group=1,
                             sliding_window=8, global_attn_every_n_layers=4, mup_enabled=True,
                             pad_token_id=2), "bpe"),
+    # Hunyuan dense (V1): q/k norms per head
+    "hunyuan-dense": ("hunyuan_v1_dense", dict(_SMALL, head_dim=32, pad_token_id=2), "bpe"),
     # MiniMax-M2: sigmoid routing with its correction bias, a quarter of each head rotated, q/k
     # norms over all heads
     "minimax-m2": ("minimax_m2", dict(_SMALL, head_dim=32, num_local_experts=4, num_experts_per_tok=2,

@@ -136,6 +136,8 @@ ARCHS: dict[str, ArchConfig] = {
     # Arcee AFM: ReLU^2, no gate
     "arcee": ArchConfig("arcee"),
     "seed_oss": ArchConfig("seed_oss"),
+    # Hunyuan dense (V1): q/k norms per head
+    "hunyuan-dense": ArchConfig("hunyuan_v1_dense"),
     # Gemma (1): llama.cpp stores the norms as 1 + w, as for Gemma 2 and 3
     "gemma": ArchConfig("gemma"),
     # Llama 4 Scout, Maverick: MoE every n-th layer, sigmoid top-1 with a shared expert

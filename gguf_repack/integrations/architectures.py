@@ -98,6 +98,7 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "arcee": _row(note=_OWN + "; Arcee AFM: ReLU^2 MLP"),
     "seed_oss": _row(note=_OWN + "; Seed-OSS: q/k/v biases"),
     "gemma": _row(note=_OWN + "; Gemma (1)"),
+    "hunyuan-dense": _row(note=_OWN + "; Hunyuan dense (V1): q/k norms per head"),
     "mistral3": _row(note=_OWN + "; Ministral 3, Mistral Small 3.x (text): YaRN, queries scaled by "
                                  "position (Llama 4's beta)"),
     "phimoe": _row(vllm=PHIMOE_DIFFERS, tp2=PHIMOE_DIFFERS,
