@@ -47,7 +47,8 @@ class ArchConfig:
 def _ernie_moe(get, tensor_names) -> dict:
     layers = int(get("block_count"))
     return {"moe_layer_end_index": layers - 1,
-            # (ERNIE's correction bias, moe_statics: llama.cpp's exp_probs_b)
+            # whether the router has ERNIE's correction bias (moe_statics: llama.cpp's
+            # exp_probs_b), as ERNIE's config.json says it; vLLM's model creates it by this
             "moe_use_aux_free": any_block_has(tensor_names, "exp_probs_b.bias")}
 
 
@@ -191,7 +192,8 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
     table = {**COMMON_FIELDS, **spec.fields}
     fields = {name: get(key) for key, name in table.items() if name and get(key) is not None}
     fields.update(spec.fixed)
-    known = set(CONFIG_MAPPING[spec.model_type]().to_dict())
+    defaults = CONFIG_MAPPING[spec.model_type]()  # (the class's fields, and its rope base)
+    known = set(defaults.to_dict())
     if (tokens := get_key("tokenizer.ggml.tokens")) is not None:
         fields["vocab_size"] = len(tokens)  # (the embedding's rows; not every converter writes it)
     heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
@@ -205,7 +207,7 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
         if name in known:
             fields[name] = any_block_has(tensor_names, tensor)
     rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base") or
-                                                         CONFIG_MAPPING[spec.model_type]().rope_parameters["rope_theta"])}
+                                                         defaults.rope_parameters["rope_theta"])}
     rope_dim = int(get("rope.dimension_count") or head_dim)
     if rope_dim != head_dim:
         if not spec.partial_rope:
