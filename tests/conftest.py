@@ -100,15 +100,17 @@ def transformers_reference():
     float32 by gguf-py), built once per test run for each source file: src -> (model,
     tokenizer). Gemma's float32 copy is 1.7 GB; test_hf and test_vllm both compare with it."""
     import torch
+    from hf_models import gguf_read_once
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache = {}
 
     def get(src: Path):
         if src not in cache:
-            model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
-                                                         dtype=torch.float32).eval()
-            cache[src] = model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+            with gguf_read_once():
+                model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                             dtype=torch.float32).eval()
+                cache[src] = model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         return cache[src]
 
     return get
