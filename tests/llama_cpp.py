@@ -315,6 +315,23 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                             pad_token_id=2), "bpe"),
     # Hunyuan dense (V1): q/k norms per head
     "hunyuan-dense": ("hunyuan_v1_dense", dict(_SMALL, head_dim=32, pad_token_id=2), "bpe"),
+    # Qwen3.5 (dense): gated delta-net layers (two key heads, four value heads: llama.cpp
+    # reorders the value heads) and one of gated full attention, a quarter of each head rotated
+    # by interleaved multimodal rope (its sections as a model of this head width has them)
+    "qwen35": ("qwen3_5_text", dict(_SMALL, head_dim=32, num_hidden_layers=4, linear_conv_kernel_dim=4,
+                                    linear_key_head_dim=16, linear_value_head_dim=32,
+                                    linear_num_key_heads=2, linear_num_value_heads=4,
+                                    tie_word_embeddings=False,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.25,
+                                                     "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+               "bpe"),
+    # value heads of 16: ssm_out's columns reordered across Q8_0's blocks of 32 (a real model's
+    # 128-wide heads in K-quants' blocks of 256 alike), which only dequantized values follow
+    "qwen35-narrow-heads": ("qwen3_5_text", dict(_SMALL, head_dim=32, num_hidden_layers=4,
+                                                 linear_key_head_dim=16, linear_value_head_dim=16,
+                                                 linear_num_key_heads=2, linear_num_value_heads=4,
+                                                 tie_word_embeddings=True), "bpe"),
     # MiniMax-M2: sigmoid routing with its correction bias, a quarter of each head rotated, q/k
     # norms over all heads
     "minimax-m2": ("minimax_m2", dict(_SMALL, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
@@ -538,26 +555,31 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
+# the converter's options a model needs: Qwen3.5's asserts the multi-token-prediction layer,
+# which a transformers model has no weights for (the repository's checkpoint has them)
+CONVERTER_OPTIONS = {"qwen35": ["--no-mtp"], "qwen35-narrow-heads": ["--no-mtp"]}
+
 _DRIVER = """
 import json, runpy, sys
 script = sys.argv[1]
-for model, outtype, outfile in json.loads(sys.argv[2]):
-    sys.argv = [script, model, "--outtype", outtype, "--outfile", outfile + ".part"]
+for model, outtype, outfile, options in json.loads(sys.argv[2]):
+    sys.argv = [script, model, "--outtype", outtype, "--outfile", outfile + ".part", *options]
     runpy.run_path(script, run_name="__main__")
 """
 
 
 def run_converter(jobs) -> None:
-    """Run the converter in one fresh process for several (hf dir, outtype, out file) jobs (its
-    imports take seconds; each conversion of these models well under one)."""
+    """Run the converter in one fresh process for several (hf dir, outtype, out file[,
+    options]) jobs (its imports take seconds; each conversion of these models well under one)."""
     script = converter_dir() / "convert_hf_to_gguf.py"
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    jobs = [(str(hf), outtype, str(out)) for hf, outtype, out in jobs]
+    jobs = [(str(hf), outtype, str(out), list(options)) for hf, outtype, out, *more in jobs
+            for options in [more[0] if more else []]]
     proc = subprocess.run([sys.executable, "-c", _DRIVER, str(script), json.dumps(jobs)],
                           capture_output=True, text=True, env=env, cwd=script.parent)
     if proc.returncode != 0:
         raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{proc.stderr[-4000:]}")
-    for _, _, out in jobs:
+    for _, _, out, _ in jobs:
         os.replace(str(out) + ".part", out)
 
 
@@ -568,6 +590,7 @@ def llama_cpp_files(pairs) -> dict[tuple[str, str], Path]:
 
     if any(not target(*pair).is_file() for pair in pairs):
         with _locked(cache_root() / "llama.cpp-made" / "convert"):
-            run_converter([(hf_model_dir(name), outtype, target(name, outtype))
+            run_converter([(hf_model_dir(name), outtype, target(name, outtype),
+                            CONVERTER_OPTIONS.get(name, []))
                            for name, outtype in pairs if not target(name, outtype).is_file()])
     return {pair: target(*pair) for pair in pairs}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import gguf
 import numpy as np
@@ -138,10 +139,14 @@ def q8_0_reference(name: str, src) -> torch.nn.Module:
             shape = tuple(w.shape)
             if shape[-1] % 32:
                 continue
-            rows = w.reshape(-1, shape[-1]).numpy()
+            # (Qwen3.5's ssm_out: quantized in the converter's column order)
+            order = tiled_value_heads(model.config) if pname.endswith("linear_attn.out_proj.weight") else None
+            rows = (w if order is None else w[:, order]).reshape(-1, shape[-1]).numpy()
             back = gguf.quants.dequantize(gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
                                           gguf.GGMLQuantizationType.Q8_0)
             back = torch.from_numpy(back).reshape(shape)
+            if order is not None:
+                back = back[:, torch.argsort(order)]
             p.copy_(back.mT if transposed else back)
             done[shape[-1]] = done.get(shape[-1], 0) + p.numel()
     # the same weights quantized, by row width (engines join or split some: gate and up)
@@ -149,6 +154,16 @@ def q8_0_reference(name: str, src) -> torch.nn.Module:
     for shape, n in quantized.items():
         by_width[shape[-1]] = by_width.get(shape[-1], 0) + n
     return model, by_width, done
+
+
+def tiled_value_heads(config) -> torch.Tensor:
+    """The value-head order llama.cpp's converter writes Qwen3.5's tensors in (its
+    _LinearAttentionVReorderBase._reorder_v_heads: (key heads, group, width) permuted to (group,
+    key heads, width)), as indices into the model's order."""
+    key_heads, width = config.linear_num_key_heads, config.linear_value_head_dim
+    group = config.linear_num_value_heads // key_heads
+    index = torch.arange(key_heads * group * width).reshape(key_heads, group, width)
+    return index.permute(1, 0, 2).reshape(-1)
 
 
 @pytest.mark.slow
@@ -419,3 +434,22 @@ def test_a_quantized_router_of_its_own_class_is_held_in_float(made, tmp_path):
     with torch.no_grad():
         kl = kl_per_position(ref(ids).logits[0], ours(ids).logits[0])
     assert kl.max().item() <= KL_Q8_0, kl.max().item()
+
+
+@pytest.mark.slow
+def test_qwen35_value_heads_reordered_by_whole_blocks_stay_quantized(made):
+    """llama.cpp's converter reorders Qwen3.5's value heads, ssm_out's columns among them
+    (tensor_map._value_head_order). Heads of 32 columns in Q8_0's blocks of 32: the blocks are
+    reordered, ssm_out stays quantized (its products: test_q8_0_file_gives_the_model_with_q8_0_weights).
+    Heads of 16: the order splits blocks (as a real model's heads of 128 in K-quants' blocks of
+    256), so ssm_out is held dequantized, with the warning naming it; the rest stays quantized."""
+    from gguf_repack.hf import QuantLinear, load_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no warning at all)
+        blocks = load_model(made("qwen35", "q8_0")[1])
+    assert all(isinstance(layer.linear_attn.out_proj, QuantLinear) for layer in blocks.model.layers[:3])
+    with pytest.warns(UserWarning, match=r"reordered their columns across blocks.*blk\.0\.ssm_out"):
+        split = load_model(made("qwen35-narrow-heads", "q8_0")[1])
+    assert type(split.model.layers[0].linear_attn.out_proj) is torch.nn.Linear
+    assert isinstance(split.model.layers[0].linear_attn.in_proj_qkv, QuantLinear)

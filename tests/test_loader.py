@@ -87,6 +87,9 @@ def test_matmul_embedding_rows_and_shards(name, tmp_path, rng):
 
     perm = torch.randperm(n)
     assert torch.equal(w.index_rows(perm).dequantize(), dense[perm])
+    blocks = torch.randperm(k // w.block_size)  # columns reordered by whole blocks
+    columns = (blocks[:, None] * w.block_size + torch.arange(w.block_size)).reshape(-1)
+    assert torch.equal(w.index_blocks(blocks).dequantize(), dense[:, columns])
 
     rows = [w.shard(0, r, 4) for r in range(4)]
     assert torch.equal(torch.cat([p.dequantize() for p in rows]), dense)

@@ -140,3 +140,32 @@ def test_a_float_tensor_on_a_device_is_processed_through_the_host():
     got = process_plain(tensor_processor("gemma3", {}), "blk.0.attn_norm.weight",
                         norm.as_subclass(DeviceTensor))
     assert torch.equal(got.as_subclass(torch.Tensor), torch.tensor([0.0, 0.5, 2.0]))
+
+
+def test_qwen35_value_head_order_undoes_the_converters_and_splits_k_quant_blocks():
+    """Qwen3.5-9B's delta-net: 16 key heads, 32 value heads of 128. llama.cpp's converter writes
+    the value heads by their place in their key head's group (its _reorder_v_heads: (key heads,
+    group, width) -> (group, key heads, width)); the mapping's order takes them back, rows and
+    ssm_out's columns alike. In blocks of 32 that is an order of whole blocks; in K-quants'
+    blocks of 256 it is not (two heads a block, of different groups)."""
+    from gguf_repack.integrations.tensor_map import (
+        column_blocks,
+        converter_column_order,
+        converter_row_order,
+    )
+
+    config = {"model_type": "qwen3_5_text", "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+              "linear_key_head_dim": 128, "linear_value_head_dim": 128}
+    model_order = torch.arange(32 * 128)
+    file_order = model_order.reshape(16, 2, 128).permute(1, 0, 2).reshape(-1)  # the converter's
+    columns = converter_column_order(config, "blk.0.ssm_out.weight")
+    assert torch.equal(file_order[columns], model_order)
+    assert torch.equal(file_order[converter_row_order(config, "blk.0.attn_gate.weight")], model_order)
+    qkv = converter_row_order(config, "blk.0.attn_qkv.weight")
+    assert torch.equal(qkv[:4096], torch.arange(4096)) and torch.equal(qkv[4096:] - 4096, columns)
+    heads = converter_row_order(config, "blk.0.ssm_a")
+    assert torch.equal(torch.arange(32).reshape(16, 2).T.reshape(-1)[heads], torch.arange(32))
+    assert converter_row_order(config, "blk.3.attn_q.weight") is None
+    assert column_blocks(columns, 32) is not None and column_blocks(columns, 256) is None
+    equal_heads = {**config, "linear_num_value_heads": 16}
+    assert converter_column_order(equal_heads, "blk.0.ssm_out.weight") is None

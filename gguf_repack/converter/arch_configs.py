@@ -105,6 +105,27 @@ def _afmoe(get, tensor_names) -> dict:
             "topk_group": int(get("expert_group_used_count") or 1)}
 
 
+def _qwen35(get, tensor_names) -> dict:
+    layers = int(get("block_count"))
+    value_heads = int(get("ssm.time_step_rank"))
+    recurrent = get("attention.recurrent_layers")
+    if recurrent is None:  # (llama.cpp's default: every n-th layer full attention)
+        interval = int(get("full_attention_interval") or 4)
+        recurrent = [(i + 1) % interval != 0 for i in range(layers)]
+    if len(recurrent) != layers:
+        raise ValueError(f"recurrent_layers of {len(recurrent)} layers for {layers}")
+    # Qwen3.5 rotates by interleaved multimodal rope, one section per position axis (text
+    # gives the three the same positions); the converter writes four sections, the last 0
+    sections = get("rope.dimension_sections")
+    sections = [11, 11, 10, 0] if sections is None else [int(n) for n in sections]
+    return {"linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
+            "layer_types": ["linear_attention" if bool(r) else "full_attention" for r in recurrent],
+            "rope_parameters": {"mrope_section": sections[:3], "mrope_interleaved": True}}
+
+
+_QWEN35 = {"ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
+           "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads"}
+
 _GRANITE = {"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
             "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}
 _COHERE = {"attention.layer_norm_epsilon": "layer_norm_eps", "attention.layer_norm_rms_epsilon": None,
@@ -169,6 +190,10 @@ ARCHS: dict[str, ArchConfig] = {
                                   "expert_weights_scale": "route_scale",
                                   "attention.sliding_window": "sliding_window"},
                         swa_period=4, details=_afmoe),
+    # Qwen3.5 (dense): three gated delta-net (linear attention) layers to one of gated full
+    # attention, a quarter of each head rotated; llama.cpp stores the norms as 1 + w and the
+    # value heads in its own order (tensor_map.converter_row_order undoes it)
+    "qwen35": ArchConfig("qwen3_5_text", _QWEN35, partial_rope=True, details=_qwen35),
     # MiniMax-M2: in transformers' GGUF mapping, which writes the gating function's number as
     # scoring_func and no routing bias; part of each head rotated (rotary_dim)
     "minimax-m2": ArchConfig("minimax_m2", {"expert_count": "num_local_experts",
@@ -219,7 +244,9 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
         layers = int(get("block_count"))
         pattern = get("attention.sliding_window_pattern")
         if "sliding_window" not in fields:  # (no window: every layer global; EXAONE-4.0-1.2B)
-            fields["sliding_window"], pattern = None, [False] * layers
+            pattern = [False] * layers
+            if "sliding_window" in known:
+                fields["sliding_window"] = None
         elif pattern is None:
             period = spec.swa_period or layers + 1
             pattern = [(i + 1) % period != 0 for i in range(layers)]
@@ -228,7 +255,9 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
             raise ValueError(f"a sliding-window pattern of {len(pattern)} layers for {layers}")
         fields["layer_types"] = ["sliding_attention" if swa else "full_attention" for swa in pattern]
     if spec.details:
-        fields.update(spec.details(get, tensor_names))
+        details = spec.details(get, tensor_names)
+        fields["rope_parameters"].update(details.pop("rope_parameters", {}))
+        fields.update(details)
     for name, key in TOKEN_IDS.items():
         fields[name] = get_key(key)
     return {"model_type": spec.model_type, **fields}

@@ -43,6 +43,8 @@ MAPPED = {
     # the sliding-window layers
     "logit_scale", "attention.scale", "embedding_scale", "residual_scale", "interleave_moe_layer_step",
     "attention.sliding_window_pattern", "attention.temperature_scale",
+    # Qwen3.5's linear-attention layers and multimodal rope sections
+    "ssm.group_count", "attention.recurrent_layers", "full_attention_interval", "rope.dimension_sections",
 }
 # Keys that carry nothing an engine needs from config.json, each with the reason.
 IGNORED = {
@@ -117,7 +119,9 @@ def _rope_parameters(config, get, tensor_names, read_f32, notes) -> dict | None:
     theta = get("rope.freq_base")
     if theta:
         full["rope_theta"] = float(theta)
-    full = {k: v for k, v in full.items() if k in ("rope_theta", "partial_rotary_factor")}
+    # (kept: what the config function read from the file besides; Qwen3.5's rope sections)
+    full = {k: v for k, v in full.items()
+            if k in ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")}
     full.update(_scaling(config, get, tensor_names, read_f32, notes, full["rope_theta"]))
     if not per_layer_type:
         return full

@@ -34,6 +34,10 @@ NO_CPU_BIASED_ROUTER = ("untestable here: vLLM's CPU router takes sigmoid scores
 # vLLM's PhiMoE on the float file gives other tokens than transformers' from the second or
 # sixth on (2026-12-04, vLLM 0.32 CPU build); not investigated yet
 PHIMOE_DIFFERS = "fails: vLLM's PhiMoE differs from transformers' (float weights too; not investigated)"
+# vLLM's qwen3_5.py imports its vision model, whose image processors import torchvision at once;
+# the package index has no torchvision build for the CPU torch (2.13.0+cpu; checked 2026-12-04)
+NO_TORCHVISION = ("untestable here: vLLM's Qwen3.5 imports its vision model, which needs torchvision "
+                  "(no build for the CPU torch)")
 NOT_CONVERTED = "not run yet: no tiny model of it in tests/llama_cpp.py"
 _OWN = "config.json from the metadata (transformers maps none)"
 
@@ -110,6 +114,10 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "llama4": _row(note=_OWN + "; Llama 4 (text): MoE every n-th layer, sigmoid top-1 on the expert's "
                                "input, a shared expert; attention in chunks, every fourth layer without "
                                "rope, q/k L2 norms"),
+    "qwen35": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
+                   note=_OWN + "; Qwen3.5 (dense): gated delta-net layers (llama.cpp's value-head order "
+                               "undone: rows exact, ssm_out's columns by whole blocks, in K-quants held "
+                               "dequantized), gated attention, multimodal rope sections"),
     # llama.cpp writes blk.N.layer_output_scale.weight; gguf-py names transformers' layer_scalar
     # without the suffix, so transformers' GGUF path skips the tensor (read, not run): no
     # reference to test against yet

@@ -104,10 +104,39 @@ SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "arcee": "llama", "smo
                "mistral3": "llama", "gemma": "gemma2"}
 
 
+# parameters llama.cpp's converter renames before it maps the name, as (the parameter's name, the
+# name the converter maps): Qwen3-Next's and Qwen3.5's dt_bias
+CONVERTER_RENAMES = [(r"\.dt_bias$", ".dt_proj.bias")]
+
+
 def tensor_processor(gguf_arch: str, config: dict):
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
+    if gguf_arch in QWEN_DELTA_NET:
+        return _qwen_delta_net_processor(TensorProcessor)(config=config)
     return TENSOR_PROCESSORS.get(SAME_FIX_AS.get(gguf_arch, gguf_arch), TensorProcessor)(config=config)
+
+
+# llama.cpp's architectures of Qwen's gated delta-net models, whose converter changes values and
+# row orders transformers' GGUF path has no fix for
+QWEN_DELTA_NET = ("qwen35",)
+
+
+def _qwen_delta_net_processor(base):
+    """What llama.cpp's converter does to Qwen3.5's float tensors, undone (a processor as
+    transformers' are): the norms stored as 1 + w (but the delta-net's gated norm, ssm_norm),
+    A_log stored as ssm_a = -exp(A_log). Row and column orders: converter_row_order."""
+    from transformers.modeling_gguf_pytorch_utils import GGUFTensor
+
+    class QwenDeltaNetProcessor(base):
+        def process(self, weights, name, **kwargs):
+            if name.endswith("norm.weight") and not name.endswith("ssm_norm.weight"):
+                weights = weights - 1
+            elif re.fullmatch(r"blk\.\d+\.ssm_a", name):
+                weights = np.log(-weights)
+            return GGUFTensor(weights, name, {})
+
+    return QwenDeltaNetProcessor
 
 
 def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
@@ -128,7 +157,8 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
         # from the base model); the outer name wins. gguf-py's map knows the names of the
         # original checkpoints, which transformers 5 renames for some models (GraniteMoe's
         # router.layer is router): those are tried after the name itself
-        renamed = {re.sub(target, source, hf_name) for target, source in renames} - {hf_name}
+        renamed = {re.sub(target, source, hf_name)
+                   for target, source in renames + CONVERTER_RENAMES} - {hf_name}
         spellings = [hf_name, *sorted(renamed)]
         candidates = [".".join(parts[start:]) for name in spellings for parts in [name.split(".")]
                       for start in range(len(parts) - 1)]
@@ -179,9 +209,12 @@ def checkpoint_renames(model_type: str) -> list[tuple[str, str]]:
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     from transformers.core_model_loading import WeightRenaming
 
+    # (not those whose new name refers to groups of the old: Qwen3.5's prefix change from its
+    # multimodal checkpoint, model.language_model.(.+) -> model.\1, is no pattern to undo)
     return [(target, source.replace("\\", ""))
             for w in get_checkpoint_conversion_mapping(model_type) or [] if isinstance(w, WeightRenaming)
-            for source, target in zip(w._original_source_patterns, w._original_target_patterns)]
+            for source, target in zip(w._original_source_patterns, w._original_target_patterns)
+            if not re.search(r"\\\d", target)]
 
 
 def _gguf_version() -> str:
@@ -218,8 +251,10 @@ def row_permutation(processor, name: str, n_rows: int, n_cols: int) -> torch.Ten
 def converter_row_order(config: dict, gguf_name: str) -> torch.Tensor | None:
     """Row orders llama.cpp's converter changes that transformers' GGUF path does not undo:
     Falcon-40B's fused QKV, which the converter regroups from (per KV group: its queries, one
-    key, one value) to (all queries, all keys, all values). The rows of the model's order,
-    as indices into the file's."""
+    key, one value) to (all queries, all keys, all values); Qwen3.5's value heads
+    (_value_head_order). The rows of the model's order, as indices into the file's."""
+    if config.get("model_type") in QWEN_DELTA_NET_TYPES:
+        return _value_head_order(config, gguf_name, "rows")
     if not (config.get("model_type") == "falcon" and config.get("new_decoder_architecture")
             and re.fullmatch(r"blk\.\d+\.attn_qkv\.(weight|bias)", gguf_name)):
         return None
@@ -230,6 +265,50 @@ def converter_row_order(config: dict, gguf_name: str) -> torch.Tensor | None:
         heads += [group * (n_head // n_kv) + j for j in range(n_head // n_kv)]
         heads += [n_head + group, n_head + n_kv + group]
     return (torch.tensor(heads)[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
+
+
+# transformers' model types of QWEN_DELTA_NET
+QWEN_DELTA_NET_TYPES = ("qwen3_5_text",)
+
+
+def converter_column_order(config: dict, gguf_name: str) -> torch.Tensor | None:
+    """The column order of the model's weight as indices into the file's, where llama.cpp's
+    converter reorders columns: Qwen3.5's delta-net output projection (_value_head_order)."""
+    if config.get("model_type") in QWEN_DELTA_NET_TYPES:
+        return _value_head_order(config, gguf_name, "columns")
+    return None
+
+
+def _value_head_order(config: dict, gguf_name: str, axis: str) -> torch.Tensor | None:
+    """Where Qwen3.5's delta-net has more value heads than key heads, each key head serves a
+    group of value heads, and the model orders the value heads by group (k0: v0 v1, k1: v2 v3);
+    llama.cpp's converter reorders them by their place in the group (v0 v2 v1 v3: ggml repeats
+    the key heads whole) in every tensor with a value-head axis: the rows of the value part of
+    attn_qkv and of ssm_conv1d, of attn_gate (z), ssm_alpha, ssm_beta, ssm_a and ssm_dt, and the
+    columns of ssm_out. The model's order as indices into the file's, or None."""
+    key_heads, value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    m = re.fullmatch(r"blk\.\d+\.(\w+?)(\.weight|\.bias)?", gguf_name)
+    if value_heads == key_heads or not m:
+        return None
+    group = value_heads // key_heads
+
+    def by_group(width: int) -> torch.Tensor:
+        # the model's (key head k, place j, element d) is the file's (j, k, d)
+        k, j, d = torch.meshgrid(torch.arange(key_heads), torch.arange(group), torch.arange(width),
+                                 indexing="ij")
+        return ((j * key_heads + k) * width + d).reshape(-1)
+
+    kind, value_width = m[1], config["linear_value_head_dim"]
+    if axis == "columns":
+        return by_group(value_width) if kind == "ssm_out" else None
+    if kind in ("attn_qkv", "ssm_conv1d"):  # queries and keys first, as they are
+        qk = 2 * key_heads * config["linear_key_head_dim"]
+        return torch.cat([torch.arange(qk), qk + by_group(value_width)])
+    if kind == "attn_gate":
+        return by_group(value_width)
+    if kind in ("ssm_alpha", "ssm_beta", "ssm_a", "ssm_dt"):
+        return by_group(1)
+    return None
 
 
 def _squeezed(shape) -> tuple[int, ...]:
@@ -285,6 +364,8 @@ class TensorMapping:
     def plain(self, gguf_name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if (rows := converter_row_order(self.config, gguf_name)) is not None:
             tensor = tensor[rows]
+        if (columns := converter_column_order(self.config, gguf_name)) is not None:
+            tensor = tensor[..., columns]
         tensor = process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
         shape = self._shapes.get(gguf_name)
         if shape and tuple(tensor.shape) != shape and _squeezed(tensor.shape) == _squeezed(shape):
@@ -292,6 +373,13 @@ class TensorMapping:
             # shared-expert gate [1, hidden] as [1, 1, hidden] in torch order)
             tensor = tensor.reshape(shape)
         return tensor
+
+    def columns_on_blocks(self, gguf_name: str, weight) -> bool:
+        """Whether the quantized `weight` takes the model's column order exactly (no reorder, or
+        one of whole blocks). Qwen3.5's ssm_out in a K-quant does not: value heads of 128
+        columns in blocks of 256, which only its dequantized values can follow."""
+        columns = converter_column_order(self.config, gguf_name)
+        return columns is None or column_blocks(columns, weight.block_size) is not None
 
     def quantized(self, gguf_name: str, weight, conv1d: bool = False):
         """The QTensor as transformers would have it: rows permuted where it permutes them.
@@ -304,8 +392,26 @@ class TensorMapping:
             return weight
         if (own := converter_row_order(self.config, gguf_name)) is not None:
             weight = weight.index_rows(own)
+        if (columns := converter_column_order(self.config, gguf_name)) is not None:
+            blocks = column_blocks(columns, weight.block_size)
+            if blocks is None:
+                raise RepackError(f"{gguf_name}: its column order moves parts of {weight.qtype.name} "
+                                  f"blocks (columns_on_blocks says so first)")
+            weight = weight.index_blocks(blocks)
         rows = row_permutation(self.processor, gguf_name, weight.shape[-2], weight.shape[-1])
         return weight if rows is None else weight.index_rows(rows)
+
+
+def column_blocks(columns: torch.Tensor, block_size: int) -> torch.Tensor | None:
+    """A column order as an order of whole blocks (each block's columns kept together, in
+    order), or None where it splits blocks."""
+    if len(columns) % block_size:
+        return None
+    runs = columns.reshape(-1, block_size)
+    starts = runs[:, 0]
+    if (starts % block_size).any() or not torch.equal(runs, starts[:, None] + torch.arange(block_size)):
+        return None
+    return starts // block_size
 
 
 @contextlib.contextmanager

@@ -125,6 +125,15 @@ class QTensor:
         shape = (*self.shape[:-2], len(rows), self.shape[-1])
         return self._with(shape, {k: p.index_select(-2, rows) for k, p in self.planes.items()})
 
+    def index_blocks(self, blocks: torch.Tensor | list[int]) -> "QTensor":
+        """W with its columns reordered by whole blocks: block j of each row is block
+        `blocks[j]` of W's (a permutation of the K / block_size blocks)."""
+        blocks = torch.as_tensor(blocks, dtype=torch.long, device=self.device)
+        if sorted(blocks.tolist()) != list(range(self.shape[-1] // self.block_size)):
+            raise RepackError(f"index_blocks: not a permutation of the {self.shape[-1] // self.block_size} "
+                              f"blocks of a row")
+        return self._with(self.shape, {k: p.index_select(-3, blocks) for k, p in self.planes.items()})
+
     def shard(self, dim: int, rank: int, world_size: int) -> "QTensor":
         """Piece `rank` of `world_size` equal pieces along `dim` (torch order): the rows
         dimension (N, for column parallelism), the last one (K, row parallelism; pieces

@@ -94,6 +94,7 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
     expert_stacks: dict[str, dict[str, QTensor]] = {}  # experts module -> {gate, up, down}
     kv_b_parts: dict[str, dict[str, QTensor | torch.Tensor]] = {}  # MLA kv_b_proj -> {k, v}
     dequantized: list[str] = []
+    reordered: list[str] = []
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
         module_name, _, param = hf_name.rpartition(".")
@@ -116,6 +117,12 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
             value = mapping.plain(gguf_name, tensor.dequantize(torch.float32), dtype)
             _place_plain(module, param, hf_name, value)
             dequantized.append(f"{gguf_name} ({type(module).__name__})")
+        elif not plain_only and not mapping.columns_on_blocks(gguf_name, tensor):
+            # columns the converter reordered across blocks (Qwen3.5's ssm_out in a K-quant):
+            # this one tensor dequantized, said below
+            value = mapping.plain(gguf_name, tensor.dequantize(torch.float32), dtype)
+            _place_plain(module, param, hf_name, value)
+            reordered.append(gguf_name)
         elif not plain_only:
             weight = mapping.quantized(gguf_name, tensor, conv1d=_is_conv1d(module))
             _place_quantized(model, module_name, module, param, gguf_name, weight, dtype, backend)
@@ -126,6 +133,10 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
         warnings.warn(f"gguf_repack: {len(dequantized)} quantized tensors are held dequantized, "
                       f"their modules compute on float weights only: {', '.join(dequantized)}",
                       stacklevel=3)
+    if reordered:
+        warnings.warn(f"gguf_repack: {len(reordered)} quantized tensors are held dequantized: "
+                      f"llama.cpp's converter reordered their columns across blocks, which no "
+                      f"order of whole blocks undoes: {', '.join(reordered)}", stacklevel=3)
     if joined:
         warnings.warn(f"gguf_repack: {len(joined)} quantized MLA kv_b_proj weights are held "
                       f"dequantized: llama.cpp stores their key rows transposed (attn_k_b), "
