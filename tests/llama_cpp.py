@@ -326,6 +326,15 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                                      "partial_rotary_factor": 0.25,
                                                      "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
                "bpe"),
+    # Qwen3.5-MoE: the same layers with routed experts and a gated shared expert
+    "qwen35moe": ("qwen3_5_moe_text", dict(_SMALL, **_MOE, head_dim=32, num_hidden_layers=4,
+                                           linear_key_head_dim=16, linear_value_head_dim=32,
+                                           linear_num_key_heads=2, linear_num_value_heads=4,
+                                           shared_expert_intermediate_size=64, tie_word_embeddings=False,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                            "partial_rotary_factor": 0.25,
+                                                            "mrope_section": [2, 1, 1],
+                                                            "mrope_interleaved": True}), "bpe"),
     # value heads of 16: ssm_out's columns reordered across Q8_0's blocks of 32 (a real model's
     # 128-wide heads in K-quants' blocks of 256 alike), which only dequantized values follow
     "qwen35-narrow-heads": ("qwen3_5_text", dict(_SMALL, head_dim=32, num_hidden_layers=4,
@@ -464,6 +473,12 @@ def build_model(name: str, dtype=torch.float32):
 # transformers 5 names some classes otherwise than their repositories' config.json, which is what
 # llama.cpp's converter looks up
 CHECKPOINT_CLASS = {"phimoe": "PhiMoEForCausalLM"}
+# transformers 5 gives some model types' directories a tokenizer class of its choosing, whatever
+# tokenizer_config.json says (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): Qwen3.5-MoE's gets
+# Qwen3_5Tokenizer, whose pre-tokenizer on SmolLM2's vocabulary llama.cpp's converter does not
+# know. Its input directory names a model type without that (the converter picks its model class
+# by `architectures`; model_type reaches only transformers' AutoTokenizer there)
+TOKENIZER_MODEL_TYPE = {"qwen35moe": "qwen3_5_text"}
 # models whose routers' score-correction bias (a buffer, zero at init) is random too
 RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe"}
 
@@ -542,6 +557,10 @@ def hf_model_dir(name: str) -> Path:
                 config = json.loads((tmp / "config.json").read_text())
                 config["architectures"] = [CHECKPOINT_CLASS[name]]
                 (tmp / "config.json").write_text(json.dumps(config))
+            if name in TOKENIZER_MODEL_TYPE:
+                config = json.loads((tmp / "config.json").read_text())
+                config["model_type"] = TOKENIZER_MODEL_TYPE[name]
+                (tmp / "config.json").write_text(json.dumps(config))
             for f in tokenizer_dir(kind).iterdir():
                 if f.is_file() and f.suffix != ".lock":
                     shutil.copy(f, tmp / f.name)
@@ -557,7 +576,7 @@ def _version(dist: str) -> str:
 
 # the converter's options a model needs: Qwen3.5's asserts the multi-token-prediction layer,
 # which a transformers model has no weights for (the repository's checkpoint has them)
-CONVERTER_OPTIONS = {"qwen35": ["--no-mtp"], "qwen35-narrow-heads": ["--no-mtp"]}
+CONVERTER_OPTIONS = {name: ["--no-mtp"] for name in ("qwen35", "qwen35moe", "qwen35-narrow-heads")}
 
 _DRIVER = """
 import json, runpy, sys

@@ -194,6 +194,10 @@ ARCHS: dict[str, ArchConfig] = {
     # attention, a quarter of each head rotated; llama.cpp stores the norms as 1 + w and the
     # value heads in its own order (tensor_map.converter_row_order undoes it)
     "qwen35": ArchConfig("qwen3_5_text", _QWEN35, partial_rope=True, details=_qwen35),
+    # Qwen3.5-MoE: the same, with routed experts (softmax, normalized) and a gated shared expert
+    "qwen35moe": ArchConfig("qwen3_5_moe_text", {**_QWEN35, "expert_shared_feed_forward_length":
+                                                      "shared_expert_intermediate_size"},
+                            partial_rope=True, details=_qwen35),
     # MiniMax-M2: in transformers' GGUF mapping, which writes the gating function's number as
     # scoring_func and no routing bias; part of each head rotated (rotary_dim)
     "minimax-m2": ArchConfig("minimax_m2", {"expert_count": "num_local_experts",

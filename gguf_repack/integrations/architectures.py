@@ -118,6 +118,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                    note=_OWN + "; Qwen3.5 (dense): gated delta-net layers (llama.cpp's value-head order "
                                "undone: rows exact, ssm_out's columns by whole blocks, in K-quants held "
                                "dequantized), gated attention, multimodal rope sections"),
+    "qwen35moe": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
+                      note=_OWN + "; Qwen3.5-MoE: qwen35's layers, MoE with a gated shared expert"),
     # llama.cpp writes blk.N.layer_output_scale.weight; gguf-py names transformers' layer_scalar
     # without the suffix, so transformers' GGUF path skips the tensor (read, not run): no
     # reference to test against yet

@@ -119,7 +119,7 @@ def tensor_processor(gguf_arch: str, config: dict):
 
 # llama.cpp's architectures of Qwen's gated delta-net models, whose converter changes values and
 # row orders transformers' GGUF path has no fix for
-QWEN_DELTA_NET = ("qwen35",)
+QWEN_DELTA_NET = ("qwen35", "qwen35moe")
 
 
 def _qwen_delta_net_processor(base):
@@ -175,6 +175,11 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
                     # or, for a 3-D expert stack, .weight
                     base, dot, suffix = full, "", ""
             gguf_name = name_map.get_name(base)
+            if gguf_name is not None and gguf_name.endswith(".ffn_gate_up_exps"):
+                # (gguf-py names transformers' joined stack, which llama.cpp's converter writes
+                # as its gate and up halves: Qwen3.5-MoE)
+                for half in ("gate", "up"):
+                    names.setdefault(gguf_name.replace("gate_up", half) + ".weight", hf_name)
             if gguf_name is not None:
                 names.setdefault(gguf_name + dot + suffix, hf_name)
                 if not suffix:
@@ -268,7 +273,7 @@ def converter_row_order(config: dict, gguf_name: str) -> torch.Tensor | None:
 
 
 # transformers' model types of QWEN_DELTA_NET
-QWEN_DELTA_NET_TYPES = ("qwen3_5_text",)
+QWEN_DELTA_NET_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
 
 
 def converter_column_order(config: dict, gguf_name: str) -> torch.Tensor | None:

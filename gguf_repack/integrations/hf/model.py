@@ -253,7 +253,7 @@ EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeEx
                   "Glm4MoeExperts": False, "OlmoeExperts": False, "GraniteMoeExperts": False,
                   "Ernie4_5_MoeExperts": False, "MiniMaxM2Experts": False, "Llama4TextExperts": False,
                   "ExaoneMoeExperts": False, "PhimoeExperts": False,
-                  "AfmoeExperts": False}
+                  "AfmoeExperts": False, "Qwen3_5MoeExperts": False}
 # experts modules called on every token for every expert (E * T rows, the router's weight
 # applied to the input already): forward(hidden_states) alone
 EVERY_EXPERT_MODULES = {"Llama4TextExperts"}
