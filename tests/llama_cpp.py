@@ -315,6 +315,15 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                             pad_token_id=2), "bpe"),
     # Hunyuan dense (V1): q/k norms per head
     "hunyuan-dense": ("hunyuan_v1_dense", dict(_SMALL, head_dim=32, pad_token_id=2), "bpe"),
+    # Qwen3-Next: gated delta-net layers (two key heads, four value heads), gated attention,
+    # MoE with a gated shared expert
+    # (vLLM's CPU delta-net kernel takes heads of 128 only; experts 64 wide: whole Q8_0 blocks
+    # per rank at TP 2)
+    "qwen3next": ("qwen3_next", dict(_SMALL, **{**_MOE, "moe_intermediate_size": 64}, head_dim=32,
+                                     num_hidden_layers=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                                     linear_num_key_heads=2, linear_num_value_heads=4,
+                                     shared_expert_intermediate_size=64, tie_word_embeddings=False,
+                                     partial_rotary_factor=0.25), "bpe"),
     # Qwen3.5 (dense): gated delta-net layers (two key heads, four value heads: llama.cpp
     # reorders the value heads) and one of gated full attention, a quarter of each head rotated
     # by interleaved multimodal rope (its sections as a model of this head width has them)
@@ -574,9 +583,11 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
-# the converter's options a model needs: Qwen3.5's asserts the multi-token-prediction layer,
-# which a transformers model has no weights for (the repository's checkpoint has them)
-CONVERTER_OPTIONS = {name: ["--no-mtp"] for name in ("qwen35", "qwen35moe", "qwen35-narrow-heads")}
+# the converter's options a model needs: Qwen3-Next's and Qwen3.5's assert the multi-token-
+# prediction layer, which a transformers model has no weights for (the repositories' checkpoints
+# have them)
+CONVERTER_OPTIONS = {name: ["--no-mtp"]
+                     for name in ("qwen3next", "qwen35", "qwen35moe", "qwen35-narrow-heads")}
 
 _DRIVER = """
 import json, runpy, sys

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 from hf_models import assert_same_predictions, kl_per_position
-from llama_cpp import MLA_MODELS, MODELS, build_model, glm_mtp_files, llama_cpp_files, mla_files
+from llama_cpp import MLA_MODELS, MODELS, build_model, glm_mtp_files, hf_model_dir, llama_cpp_files, mla_files
 from test_vllm import run_vllm_many, vllm_python, window_as_vllm_counts  # noqa: F401 (a fixture)
 
 from gguf_repack import convert, export, verify
@@ -449,7 +449,87 @@ def test_qwen35_value_heads_reordered_by_whole_blocks_stay_quantized(made):
         warnings.simplefilter("error")  # (no warning at all)
         blocks = load_model(made("qwen35", "q8_0")[1])
     assert all(isinstance(layer.linear_attn.out_proj, QuantLinear) for layer in blocks.model.layers[:3])
-    with pytest.warns(UserWarning, match=r"reordered their columns across blocks.*blk\.0\.ssm_out"):
+    with pytest.warns(UserWarning, match=r"held dequantized.*blk\.0\.ssm_out"):
         split = load_model(made("qwen35-narrow-heads", "q8_0")[1])
     assert type(split.model.layers[0].linear_attn.out_proj) is torch.nn.Linear
     assert isinstance(split.model.layers[0].linear_attn.in_proj_qkv, QuantLinear)
+
+
+@pytest.mark.slow
+def test_qwen3next_qkvz_parts_of_two_types_are_held_dequantized(made, tmp_path):
+    """llama.cpp's converter splits Qwen3-Next's in_proj_qkvz into attn_qkv and attn_gate, which
+    llama-quantize may give two types (Q4_K_M: Q5_K and Q4_K). One type: joined exactly (the Q8_0
+    file's test). Two (here attn_qkv Q8_0, attn_gate F32): in_proj_qkvz held dequantized, with
+    the warning naming the quantized part, and the predictions of the model whose query, key
+    and value rows (per key head, as transformers' Qwen3NextGatedDeltaNet splits them) are
+    gguf-py's Q8_0 round trip."""
+    from gguf_repack.hf import QuantLinear, load_model
+
+    src, _, _ = made("qwen3next", "f32")
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(tmp_path / "qkv-q8_0.gguf", "qwen3next")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            writer.add_key_value(key, field.contents(), field.types[0],
+                                 sub_type=field.types[-1] if len(field.types) > 1 else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.name.endswith(("attn_qkv.weight", "ffn_up_shexp.weight")):  # (the latter: stays quantized)
+            rows = data.reshape(tuple(int(d) for d in reversed(t.shape)))
+            writer.add_tensor(t.name, gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    convert(tmp_path / "qkv-q8_0.gguf", tmp_path / "out")
+    with pytest.warns(UserWarning, match=r"held dequantized.*blk\.0\.attn_qkv"):
+        ours = load_model(tmp_path / "out")
+    assert type(ours.model.layers[0].linear_attn.in_proj_qkvz) is torch.nn.Linear
+    assert isinstance(ours.model.layers[0].mlp.shared_expert.up_proj, QuantLinear)
+    ref = build_model("qwen3next")
+    config = ref.config
+    key_width = config.linear_key_head_dim
+    group_width = config.linear_num_value_heads // config.linear_num_key_heads * config.linear_value_head_dim
+    per_head = 2 * key_width + 2 * group_width
+    def q8_0(w: torch.Tensor) -> torch.Tensor:
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), q8), q8))
+
+    with torch.no_grad():
+        for layer in ref.model.layers:
+            layer.mlp.shared_expert.up_proj.weight.copy_(q8_0(layer.mlp.shared_expert.up_proj.weight))
+            if hasattr(layer, "linear_attn"):  # q, k and v of each key head; not z
+                qkvz = layer.linear_attn.in_proj_qkvz.weight
+                rows = (torch.arange(qkvz.shape[0]) % per_head) < 2 * key_width + group_width
+                qkvz[rows] = q8_0(qkvz[rows])
+    ids = prompt_ids(tmp_path / "out")
+    with torch.no_grad():
+        kl = kl_per_position(ref(ids).logits[0], ours(ids).logits[0])
+    assert kl.max().item() <= KL_Q8_0, kl.max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.architecture("vllm", "qwen3next")
+@pytest.mark.architecture("tp2", "qwen3next")
+def test_qwen3next_through_vllm_gives_vllms_own_tokens(made, vllm_python):  # noqa: F811
+    """vLLM's CPU gated delta-net runs in bfloat16 only (and heads of 128), where its Qwen3-Next
+    differs from transformers' (a longer prompt's first token; the same on the float checkpoint,
+    without the plugin: vLLM's, not the plugin's). So the reference is vLLM's own model on the
+    checkpoint the file was made from: the float file's tokens equal it exactly at TP 1 and 2
+    (in_proj_qkvz joined back from attn_qkv and attn_gate, A_log from ssm_a, the norms). The
+    Q8_0 file (its qkvz parts joined quantized, sharded by rows at TP 2) loads and generates at
+    both; its tokens are not compared: at bfloat16 the Q8_0 round trip flips this random
+    model's tokens either way (vLLM's own on the round-tripped checkpoint disagrees with itself
+    on the float one as much)."""
+    checkpoint = hf_model_dir("qwen3next")
+    float_out, q8_0_out = made("qwen3next", "f32")[1], made("qwen3next", "q8_0")[1]
+    for tp in (1, 2):
+        results = run_vllm_many(vllm_python, [checkpoint, float_out, q8_0_out], prompts=VLLM_PROMPTS,
+                                max_tokens=8, tp=tp, extra=["--dtype", "bfloat16"])
+        own = results[str(checkpoint)]
+        assert results[str(float_out)]["prompt_token_ids"] == own["prompt_token_ids"]
+        assert results[str(float_out)]["token_ids"] == own["token_ids"], tp
+        assert [len(t) for t in results[str(q8_0_out)]["token_ids"]] == [8, 8], tp

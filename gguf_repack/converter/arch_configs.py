@@ -105,7 +105,9 @@ def _afmoe(get, tensor_names) -> dict:
             "topk_group": int(get("expert_group_used_count") or 1)}
 
 
-def _qwen35(get, tensor_names) -> dict:
+def _delta_net(get, tensor_names) -> dict:
+    """Qwen3-Next's and Qwen3.5's gated delta-net: the value heads' width and which layers are
+    delta-net ones (the others full attention)."""
     layers = int(get("block_count"))
     value_heads = int(get("ssm.time_step_rank"))
     recurrent = get("attention.recurrent_layers")
@@ -114,12 +116,16 @@ def _qwen35(get, tensor_names) -> dict:
         recurrent = [(i + 1) % interval != 0 for i in range(layers)]
     if len(recurrent) != layers:
         raise ValueError(f"recurrent_layers of {len(recurrent)} layers for {layers}")
+    return {"linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
+            "layer_types": ["linear_attention" if bool(r) else "full_attention" for r in recurrent]}
+
+
+def _qwen35(get, tensor_names) -> dict:
     # Qwen3.5 rotates by interleaved multimodal rope, one section per position axis (text
     # gives the three the same positions); the converter writes four sections, the last 0
     sections = get("rope.dimension_sections")
     sections = [11, 11, 10, 0] if sections is None else [int(n) for n in sections]
-    return {"linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
-            "layer_types": ["linear_attention" if bool(r) else "full_attention" for r in recurrent],
+    return {**_delta_net(get, tensor_names),
             "rope_parameters": {"mrope_section": sections[:3], "mrope_interleaved": True}}
 
 
@@ -190,6 +196,12 @@ ARCHS: dict[str, ArchConfig] = {
                                   "expert_weights_scale": "route_scale",
                                   "attention.sliding_window": "sliding_window"},
                         swa_period=4, details=_afmoe),
+    # Qwen3-Next: three gated delta-net (linear attention) layers to one of gated full
+    # attention, MoE with a gated shared expert; llama.cpp splits the delta-net's in_proj_qkvz
+    # in two (tensor_map.qkvz_order joins it back) and stores the norms as 1 + w
+    "qwen3next": ArchConfig("qwen3_next", {**_QWEN35, "expert_shared_feed_forward_length":
+                                                      "shared_expert_intermediate_size"},
+                            partial_rope=True, details=_delta_net),
     # Qwen3.5 (dense): three gated delta-net (linear attention) layers to one of gated full
     # attention, a quarter of each head rotated; llama.cpp stores the norms as 1 + w and the
     # value heads in its own order (tensor_map.converter_row_order undoes it)

@@ -114,6 +114,11 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "llama4": _row(note=_OWN + "; Llama 4 (text): MoE every n-th layer, sigmoid top-1 on the expert's "
                                "input, a shared expert; attention in chunks, every fourth layer without "
                                "rope, q/k L2 norms"),
+    "qwen3next": _row(note=_OWN + "; Qwen3-Next: gated delta-net layers (in_proj_qkvz joined back from "
+                                  "attn_qkv and attn_gate: exact for one type, held dequantized for two), "
+                                  "gated attention, MoE with a gated shared expert; vLLM (CPU: bfloat16 "
+                                  "only): the float file gives vLLM's own model's tokens, the Q8_0 file "
+                                  "runs"),
     "qwen35": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
                    note=_OWN + "; Qwen3.5 (dense): gated delta-net layers (llama.cpp's value-head order "
                                "undone: rows exact, ssm_out's columns by whole blocks, in K-quants held "

@@ -23,7 +23,7 @@ import torch
 
 from gguf_repack.errors import FormatError, RepackError
 from gguf_repack.format.manifest import check_quantization_config
-from gguf_repack.runtime.qtensor import QTensor
+from gguf_repack.runtime.qtensor import QTensor, join_rows
 
 # GGUF tensors that llama.cpp stores and the engines compute instead, by full-name pattern:
 # never a parameter, so never loaded; each with the reason.
@@ -50,6 +50,46 @@ EXPERT_TENSOR = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|down)_exp
 # key rows transposed to (kv_lora_rank, qk_nope_head_dim), and attn_v_b, the value rows: both
 # go to the one parameter, joined by `join_kv_b`
 MLA_KV_B_PART = re.compile(r"blk\.(?P<block>\d+)\.attn_(?P<part>k|v)_b\.weight")
+
+
+# Qwen3-Next's in_proj_qkvz (gguf-py's ssm_in), which llama.cpp's converter writes as attn_qkv
+# (every key head's queries, then keys, then values) and attn_gate (z): the model's rows per key
+# head, [q, k, v, z], rejoined by `qkvz_order`
+QKVZ_PART = re.compile(r"blk\.(?P<block>\d+)\.attn_(?P<part>qkv|gate)\.weight")
+
+
+def qkvz_order(config: dict) -> torch.Tensor:
+    """in_proj_qkvz's rows as indices into attn_qkv's rows followed by attn_gate's: per key
+    head g its queries, keys, values (its group of value heads) and z, as transformers'
+    Qwen3NextGatedDeltaNet splits them."""
+    key_heads, key_width = config["linear_num_key_heads"], config["linear_key_head_dim"]
+    group_width = config["linear_num_value_heads"] // key_heads * config["linear_value_head_dim"]
+    keys = key_heads * key_width
+    qkv_rows = 2 * keys + key_heads * group_width
+    rows = []
+    for g in range(key_heads):
+        rows += [torch.arange(key_width) + g * key_width, torch.arange(key_width) + keys + g * key_width,
+                 torch.arange(group_width) + 2 * keys + g * group_width,
+                 torch.arange(group_width) + qkv_rows + g * group_width]
+    return torch.cat(rows)
+
+
+def qkvz_from_parts(hf_name: str, found: dict, mapping: "TensorMapping", dtype):
+    """Qwen3-Next's in_proj_qkvz weight from llama.cpp's attn_qkv and attn_gate, `found` =
+    {"qkv": (GGUF name, tensor), "gate": ...}: (weight, dequantized GGUF names). Quantized parts
+    of one type are joined exactly (a QTensor: rows joined, then reordered); float parts are
+    joined as floats; parts of two types (llama-quantize's Q4_K_M gives attn_qkv Q5_K and
+    attn_gate Q4_K) are held dequantized, named in the second value."""
+    if set(found) != {"qkv", "gate"}:
+        raise FormatError(f"{hf_name}: the file has {sorted(found)} of it, not both parts "
+                          f"(attn_qkv and attn_gate make Qwen3-Next's in_proj_qkvz)")
+    order = qkvz_order(mapping.config)
+    qkv, gate = found["qkv"][1], found["gate"][1]
+    if isinstance(qkv, QTensor) and isinstance(gate, QTensor) and qkv.qtype is gate.qtype:
+        return join_rows([qkv, gate]).index_rows(order), []
+    quantized = [name for name, t in (found["qkv"], found["gate"]) if isinstance(t, QTensor)]
+    values = [t.dequantize(torch.float32) if isinstance(t, QTensor) else t.float() for t in (qkv, gate)]
+    return torch.cat(values)[order].to(dtype), quantized
 
 
 def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
@@ -119,13 +159,14 @@ def tensor_processor(gguf_arch: str, config: dict):
 
 # llama.cpp's architectures of Qwen's gated delta-net models, whose converter changes values and
 # row orders transformers' GGUF path has no fix for
-QWEN_DELTA_NET = ("qwen35", "qwen35moe")
+QWEN_DELTA_NET = ("qwen35", "qwen35moe", "qwen3next")
 
 
 def _qwen_delta_net_processor(base):
-    """What llama.cpp's converter does to Qwen3.5's float tensors, undone (a processor as
-    transformers' are): the norms stored as 1 + w (but the delta-net's gated norm, ssm_norm),
-    A_log stored as ssm_a = -exp(A_log). Row and column orders: converter_row_order."""
+    """What llama.cpp's converter does to Qwen3-Next's and Qwen3.5's float tensors, undone (a
+    processor as transformers' are): the norms stored as 1 + w (but the delta-net's gated norm,
+    ssm_norm), A_log stored as ssm_a = -exp(A_log). Row and column orders: converter_row_order,
+    qkvz_order."""
     from transformers.modeling_gguf_pytorch_utils import GGUFTensor
 
     class QwenDeltaNetProcessor(base):
@@ -272,7 +313,7 @@ def converter_row_order(config: dict, gguf_name: str) -> torch.Tensor | None:
     return (torch.tensor(heads)[:, None] * head_dim + torch.arange(head_dim)).reshape(-1)
 
 
-# transformers' model types of QWEN_DELTA_NET
+# transformers' model types of Qwen3.5 (QWEN_DELTA_NET), whose value heads the converter reorders
 QWEN_DELTA_NET_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
 
 
@@ -340,9 +381,10 @@ class TensorMapping:
         self.processor = tensor_processor(arch, self.config)
         hf_names = gguf_to_hf_names(model, arch, self.processor)
         for name in repacked:
-            joined = f"blk.{m['block']}.attn_kv_b.weight" if (m := MLA_KV_B_PART.fullmatch(name)) else None
-            if joined in hf_names and joined not in repacked:
-                hf_names[name] = hf_names[joined]  # (the file has the parts, not kv_b itself)
+            joined = (f"blk.{m['block']}.attn_kv_b.weight" if (m := MLA_KV_B_PART.fullmatch(name)) else
+                      f"blk.{m['block']}.ssm_in.weight" if (m := QKVZ_PART.fullmatch(name)) else None)
+            if joined in hf_names and joined not in repacked and name not in hf_names:
+                hf_names[name] = hf_names[joined]  # (the file has the parts, not the joined one)
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
         params = model.state_dict(keep_vars=True)
         self._shapes = {name: tuple(params[hf].shape) for name, hf in self.names if hf in params}

@@ -30,7 +30,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from gguf_repack.format.manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
-from gguf_repack.integrations.tensor_map import MLA_KV_B_PART
+from gguf_repack.integrations.tensor_map import MLA_KV_B_PART, QKVZ_PART
 from gguf_repack.runtime.qtensor import QTensor, plane_torch_dtype
 
 from .names import PLANE, decoder_layer, mapping_for
@@ -132,9 +132,14 @@ class GgufRepackVllmConfig(QuantizationConfig):
 
             repacked = load(self.directory)
             mapping = mapping_for(repacked)
-            # MLA's kv_b_proj is held in float, joined from llama.cpp's two parts (weights.py)
-            self._types = {hf: "F32" if MLA_KV_B_PART.fullmatch(gguf) else repacked.record(gguf).type
-                           for gguf, hf in mapping.names}
+            # MLA's kv_b_proj is held in float, joined from llama.cpp's two parts (weights.py);
+            # Qwen3-Next's in_proj_qkvz has its parts' type where they have one (else float)
+            self._types = {}
+            for gguf, hf in mapping.names:
+                kind = "F32" if MLA_KV_B_PART.fullmatch(gguf) else repacked.record(gguf).type
+                if QKVZ_PART.fullmatch(gguf) and self._types.get(hf, kind) != kind:
+                    kind = "F32"
+                self._types[hf] = kind
             if self._mapper is not None:
                 self._types.update(self._mapper.apply_dict(self._types))
             self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}

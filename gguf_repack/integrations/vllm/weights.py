@@ -26,8 +26,10 @@ from gguf_repack.format.manifest import QUANT_METHOD
 from gguf_repack.integrations.tensor_map import (
     EXPERT_TENSOR,
     MLA_KV_B_PART,
+    QKVZ_PART,
     checkpoint_renames,
     kv_b_from_parts,
+    qkvz_from_parts,
 )
 from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
@@ -56,6 +58,7 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
     counts = {} if counts is None else counts
     counts.update(read=0, tensors=len(mapping.names))
     kv_b_parts: dict[str, dict] = {}  # MLA kv_b_proj -> {k, v}: one float weight once both came
+    qkvz_parts: dict[str, dict] = {}  # Qwen3-Next's in_proj_qkvz -> {qkv, gate}: joined once both came
     for gguf_name, hf_name in mapping.names:
         if not wanted(hf_name):
             continue
@@ -69,6 +72,18 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
                 counts.setdefault("float", []).extend(quantized)
                 yield hf_name, weight
             continue
+        if (part := QKVZ_PART.fullmatch(gguf_name)) and hf_name.endswith("in_proj_qkvz.weight"):
+            found = qkvz_parts.setdefault(hf_name, {})
+            found[part["part"]] = (gguf_name, tensor)
+            if len(found) == 2:
+                weight, dequantized = qkvz_from_parts(hf_name, qkvz_parts.pop(hf_name), mapping,
+                                                      torch.float32)
+                if isinstance(weight, QTensor):
+                    yield from _planes(hf_name, weight, row_order)
+                else:
+                    counts.setdefault("float", []).extend(dequantized)
+                    yield hf_name, weight
+            continue
         # an expert stack of the file (placed by the plugin's loader, not the model's load_weights)
         expert = EXPERT_TENSOR.fullmatch(gguf_name)
         if expert:
@@ -81,18 +96,25 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             counts.setdefault("float", []).append(gguf_name)
             yield hf_name, mapping.quantized(gguf_name, tensor).dequantize(torch.float32)
         elif isinstance(tensor, QTensor):
-            module = hf_name.rpartition(".")[0]
-            # rows first ([N, K/block, count], a view): a model's load_weights that reorders
-            # or splits a fused tensor's rows on dim 0 (Bloom's QKV) does the same to the planes
-            weight = mapping.quantized(gguf_name, tensor)
-            if (rows := row_order(hf_name, weight.shape[-2])) is not None:
-                weight = weight.index_rows(rows)
-            for field, plane in weight.planes.items():
-                yield f"{module}.{PLANE}{field}", plane.transpose(0, 1)
+            yield from _planes(hf_name, mapping.quantized(gguf_name, tensor), row_order)
         else:
             yield hf_name, mapping.plain(gguf_name, tensor, torch.float32)
     for hf_name, found in kv_b_parts.items():  # a part without its other half: the error
         kv_b_from_parts(hf_name, found, mapping, torch.float32)
+    for hf_name, found in qkvz_parts.items():
+        qkvz_from_parts(hf_name, found, mapping, torch.float32)
+
+
+def _planes(hf_name: str, weight: QTensor, row_order) -> Iterator[tuple[str, torch.Tensor]]:
+    """A quantized weight's planes under the plugin's names, in the row order the model's
+    load_weights gives the float weight of that name."""
+    module = hf_name.rpartition(".")[0]
+    # rows first ([N, K/block, count], a view): a model's load_weights that reorders or splits
+    # a fused tensor's rows on dim 0 (Bloom's QKV) does the same to the planes
+    if (rows := row_order(hf_name, weight.shape[-2])) is not None:
+        weight = weight.index_rows(rows)
+    for field, plane in weight.planes.items():
+        yield f"{module}.{PLANE}{field}", plane.transpose(0, 1)
 
 
 class RepackAwareModelLoader(DefaultModelLoader):
