@@ -5,6 +5,13 @@ import os
 # The Triton kernels run on CPU tensors under Triton's interpreter; it must be chosen before
 # triton is first imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests run on two workers, each computing with OpenMP threads on every core (torch, and
+# the vLLM processes they start, which bind theirs); OpenMP's threads spin while they wait, and
+# two processes' spinning threads on two cores slow each other down a few times over: two vLLM
+# runs of SmolLM2 and Gemma at once took 89 s each, 30 s with waiting threads asleep (alone:
+# 29 s and 34 s; measured 2026-12-04). Set before torch is first imported, for the workers and
+# every process they start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import os
 import shutil

@@ -583,6 +583,11 @@ def _version(dist: str) -> str:
     return version(dist)
 
 
+# architectures vLLM's CPU build runs in bfloat16 only (its gated delta-net): their vLLM cells
+# are tests of their own (test_llama_cpp_files.test_qwen3next_through_vllm_...), not in the runs
+# of every architecture at float32
+VLLM_BFLOAT16_ONLY = {"qwen3next"}
+
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's assert the multi-token-
 # prediction layer, which a transformers model has no weights for (the repositories' checkpoints
 # have them)

@@ -31,7 +31,7 @@ from hf_models import (
     kl_per_position,
     write_model,
 )
-from llama_cpp import MODELS, llama_cpp_file
+from llama_cpp import MODELS, VLLM_BFLOAT16_ONLY, llama_cpp_file
 from test_llama_cpp_files import table_row
 from test_vllm import (  # noqa: F401 (a fixture)
     assert_half_per_rank,
@@ -66,7 +66,8 @@ LLAMA_CPP_TP2 = {"deepseek2": [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8
                  "glm4moe": [("glm4moe", "q8_0")],
                  # config.json by arch_configs.py's table (Cohere2: its window as vLLM counts it)
                  **{table_row(name): [(name, "q8_0")] for name in MODELS
-                    if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["tp2"] == TESTED}}
+                    if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["tp2"] == TESTED
+                    and table_row(name) not in VLLM_BFLOAT16_ONLY}}
 
 
 def _cells(column: str, archs) -> pytest.MarkDecorator:

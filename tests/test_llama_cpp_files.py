@@ -25,7 +25,16 @@ import numpy as np
 import pytest
 import torch
 from hf_models import assert_same_predictions, kl_per_position
-from llama_cpp import MLA_MODELS, MODELS, build_model, glm_mtp_files, hf_model_dir, llama_cpp_files, mla_files
+from llama_cpp import (
+    MLA_MODELS,
+    MODELS,
+    VLLM_BFLOAT16_ONLY,
+    build_model,
+    glm_mtp_files,
+    hf_model_dir,
+    llama_cpp_files,
+    mla_files,
+)
 from test_vllm import run_vllm_many, vllm_python, window_as_vllm_counts  # noqa: F401 (a fixture)
 
 from gguf_repack import convert, export, verify
@@ -315,7 +324,8 @@ VLLM_PAIRS = [("llama", "f16"), ("llama-rope-llama3", "f32"), ("llama-rope-yarn"
               # the architectures whose config.json is arch_configs.py's table (Cohere2 with
               # its window as vLLM counts it: test_vllm.window_as_vllm_counts)
               *((name, "q8_0") for name in NAMES
-                if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["vllm"] == TESTED),
+                if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["vllm"] == TESTED
+                and table_row(name) not in VLLM_BFLOAT16_ONLY),
               # Llama 4 float too (vLLM's own experts method; its load_weights reorders the q/k
               # rows, which the plugin gives the quantized planes: weights._load_row_order)
               ("llama4", "f32")]
