@@ -541,6 +541,53 @@ def glm_mtp_files(outtypes) -> dict[str, Path]:
     return {"hf": hf, **_converted(hf, root, "glm4moe-mtp", outtypes)}
 
 
+def qwen35_mtp_files(outtypes) -> dict[str, Path]:
+    """llama.cpp's files of MODELS["qwen35"] with the multi-token-prediction layer Qwen3.5's
+    own checkpoints have (mtp_num_hidden_layers 1: mtp.fc, mtp.pre_fc_norm_embedding,
+    mtp.pre_fc_norm_hidden, mtp.layers.0.* (a full-attention layer) and mtp.norm), which the
+    converter keeps by default as blk.4 and blk.4.nextn.*: the model built with a fifth layer
+    of full attention, renamed the draft's. Made once into the cache; the model of its first
+    four layers is `AutoModelForCausalLM.from_pretrained(files["hf"])` (transformers leaves
+    mtp.* out)."""
+    model_type, overrides, kind = MODELS["qwen35"]
+    key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, overrides, _version("transformers")],
+                                    sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_root() / "llama.cpp-made" / f"qwen35-mtp-{key}"
+    hf = root / "hf"
+    with _locked(hf):
+        if not (hf / "config.json").is_file():
+            from safetensors.torch import load_file, save_file
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            layer_types = ["linear_attention"] * 3 + ["full_attention"] * 2
+            config = AutoConfig.for_model(model_type, vocab_size=49152, bos_token_id=1, eos_token_id=2,
+                                          **dict(overrides, num_hidden_layers=5, layer_types=layer_types))
+            torch.manual_seed(5)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(_random_like(p))
+            tmp = Path(tempfile.mkdtemp(dir=root.parent))
+            model.save_pretrained(tmp)
+            tensors = {name.replace("model.layers.4.", "mtp.layers.0."): t
+                       for name, t in load_file(tmp / "model.safetensors").items()}
+            h = config.hidden_size
+            tensors.update({f"mtp.{name}": _random_like(torch.empty(shape))
+                            for name, shape in (("fc.weight", (h, 2 * h)),
+                                                ("pre_fc_norm_embedding.weight", (h,)),
+                                                ("pre_fc_norm_hidden.weight", (h,)), ("norm.weight", (h,)))})
+            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+            saved = json.loads((tmp / "config.json").read_text())
+            (tmp / "config.json").write_text(json.dumps({**saved, "num_hidden_layers": 4,
+                                                         "layer_types": layer_types[:4],
+                                                         "mtp_num_hidden_layers": 1}, indent=2))
+            for f in tokenizer_dir(kind).iterdir():
+                if f.is_file() and f.suffix != ".lock":
+                    shutil.copy(f, tmp / f.name)
+            os.replace(tmp, hf)
+    return {"hf": hf, **_converted(hf, root, "qwen35-mtp", outtypes)}
+
+
 def _converted(hf: Path, root: Path, stem: str, outtypes) -> dict[str, Path]:
     """{outtype: root/<stem>-<outtype>.gguf}, llama.cpp's converter run once on the HF model
     directory `hf` for the ones not made yet."""

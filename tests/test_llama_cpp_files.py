@@ -34,6 +34,7 @@ from llama_cpp import (
     hf_model_dir,
     llama_cpp_files,
     mla_files,
+    qwen35_mtp_files,
 )
 from test_vllm import run_vllm_many, vllm_python, window_as_vllm_counts  # noqa: F401 (a fixture)
 
@@ -94,7 +95,8 @@ def made(module_tmp):
         if (name, outtype) not in cache:
             # (MLA's files: tests/test_deepseek2.py holds them to their models)
             src = (mla_files(name, [outtype])[outtype] if name in MLA_MODELS else
-                   glm_mtp_files([outtype])[outtype] if name == "glm4moe-mtp" else files[(name, outtype)])
+                   glm_mtp_files([outtype])[outtype] if name == "glm4moe-mtp" else
+                   qwen35_mtp_files([outtype])[outtype] if name == "qwen35-mtp" else files[(name, outtype)])
             out = module_tmp(f"{name}-{outtype}") / "out"
             cache[name, outtype] = src, out, convert(src, out)
         return cache[name, outtype]
@@ -224,6 +226,35 @@ def test_glm_file_with_its_draft_layer_gives_the_model_without_it(made):
     assert {"blk.2.nextn.eh_proj.weight", "blk.2.ffn_down_exps.weight"} <= set(skipped)
     assert set(skipped.values()) == {MTP_LAYER}
     ref = AutoModelForCausalLM.from_pretrained(glm_mtp_files([])["hf"], dtype=torch.float32).eval()
+    assert_same_predictions(load_model(out), ref, prompt_ids(out), steps=8)
+
+
+@pytest.mark.slow
+def test_qwen35_file_with_its_draft_layer_gives_the_model_without_it(made):
+    """Qwen3.5's checkpoints hold a multi-token-prediction layer (mtp.*), which llama.cpp's
+    converter keeps by default (blk.N.*, blk.N.nextn.*, block_count N + 1, nextn_predict_layers
+    1, recurrent_layers one longer): config.json says the model's own layers and
+    mtp_num_hidden_layers, the draft layer's tensors are left out with their reason, and the
+    predictions are those of the model's own layers."""
+    from transformers import AutoModelForCausalLM
+
+    from gguf_repack.hf import load_model
+    from gguf_repack.integrations.tensor_map import MTP_LAYER, TensorMapping
+    from gguf_repack.runtime.loader import load
+
+    for outtype in ("f32", "q8_0"):
+        src, out, summary = made("qwen35-mtp", outtype)
+        assert summary.engine_file_warnings == []
+        config = json.loads((out / "config.json").read_text())
+        assert (config["num_hidden_layers"], config["mtp_num_hidden_layers"]) == (4, 1)
+        assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+        skipped = TensorMapping.for_output(load(out)).skipped
+        in_file = [t.name for t in read_gguf(src).tensors]
+        assert sorted(skipped) == sorted(n for n in in_file if n.startswith("blk.4."))
+        assert {"blk.4.nextn.eh_proj.weight", "blk.4.attn_q.weight"} <= set(skipped)
+        assert set(skipped.values()) == {MTP_LAYER}
+    ref = AutoModelForCausalLM.from_pretrained(qwen35_mtp_files([])["hf"], dtype=torch.float32).eval()
+    out = made("qwen35-mtp", "f32")[1]
     assert_same_predictions(load_model(out), ref, prompt_ids(out), steps=8)
 
 

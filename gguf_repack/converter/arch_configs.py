@@ -108,16 +108,24 @@ def _afmoe(get, tensor_names) -> dict:
 def _delta_net(get, tensor_names) -> dict:
     """Qwen3-Next's and Qwen3.5's gated delta-net: the value heads' width and which layers are
     delta-net ones (the others full attention)."""
-    layers = int(get("block_count"))
+    # the block count llama.cpp writes includes the multi-token-prediction layers (the
+    # checkpoint's mtp.*, which the converter keeps unless told --no-mtp), as GLM's
+    blocks, nextn = int(get("block_count")), int(get("nextn_predict_layers") or 0)
+    layers = blocks - nextn
     value_heads = int(get("ssm.time_step_rank"))
     recurrent = get("attention.recurrent_layers")
     if recurrent is None:  # (llama.cpp's default: every n-th layer full attention)
         interval = int(get("full_attention_interval") or 4)
         recurrent = [(i + 1) % interval != 0 for i in range(layers)]
-    if len(recurrent) != layers:
+    if len(recurrent) not in (layers, blocks):
         raise ValueError(f"recurrent_layers of {len(recurrent)} layers for {layers}")
-    return {"linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
-            "layer_types": ["linear_attention" if bool(r) else "full_attention" for r in recurrent]}
+    config = {"num_hidden_layers": layers,
+              "linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
+              "layer_types": ["linear_attention" if bool(r) else "full_attention"
+                              for r in recurrent[:layers]]}
+    if nextn:
+        config["mtp_num_hidden_layers"] = nextn  # (Qwen's name for it, which vLLM's draft reads)
+    return config
 
 
 def _qwen35(get, tensor_names) -> dict:

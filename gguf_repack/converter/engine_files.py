@@ -314,13 +314,26 @@ def transformers_reads(gguf: GGUFFile, tensor_names: list[str], config: dict | N
             remembered["parsed"] = real_checkpoint(path, False)
         return copy.deepcopy(remembered["parsed"])
 
+    # transformers' newer GGUF config mapping (GGUF_CONFIG_ARCHS: Qwen3.5's, LFM2's) answers
+    # AutoConfig itself, not through load_gguf_checkpoint; where the architecture's config is
+    # ours it answers with ours too (Qwen3.5's: ours keeps the multi-token-prediction layer's
+    # count, which the engines need to leave its tensors out, and is what the tests hold)
+    real_config = hf_gguf.get_gguf_config
+
+    def get_gguf_config(metadata, *args, **kwargs):
+        if config is not None:
+            return copy.deepcopy(config)
+        return real_config(metadata, *args, **kwargs)
+
     hf_gguf.read_gguf_metadata  # noqa: B018 - resolve the lazy attribute so it can be swapped
     hf_reader.read_gguf_metadata = hf_gguf.read_gguf_metadata = read_gguf_metadata
+    hf_gguf.get_gguf_config = get_gguf_config
     gguf_py.GGUFReader = reader
     hf_legacy.load_gguf_checkpoint = load_gguf_checkpoint
     try:
         yield
     finally:
         hf_reader.read_gguf_metadata = hf_gguf.read_gguf_metadata = real_read
+        hf_gguf.get_gguf_config = real_config
         gguf_py.GGUFReader = real_reader
         hf_legacy.load_gguf_checkpoint = real_checkpoint

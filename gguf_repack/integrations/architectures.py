@@ -40,6 +40,9 @@ NO_TORCHVISION = ("untestable here: vLLM's Qwen3.5 imports its vision model, whi
                   "(no build for the CPU torch)")
 NOT_CONVERTED = "not run yet: no tiny model of it in tests/llama_cpp.py"
 _OWN = "config.json from the metadata (transformers maps none)"
+# transformers 5.19 and later map Qwen3.5's config from GGUF (its GGUF_CONFIG_ARCHS), without the
+# multi-token-prediction layer's count; its tensors it does not map
+_OWN_QWEN35 = "config.json from the metadata (transformers' has no draft-layer count)"
 
 
 def _row(transformers=TESTED, vllm=TESTED, tp2=TESTED, convert=TESTED, llama_cpp=TESTED,
@@ -120,11 +123,12 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                                   "only): the float file gives vLLM's own model's tokens, the Q8_0 file "
                                   "runs"),
     "qwen35": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
-                   note=_OWN + "; Qwen3.5 (dense): gated delta-net layers (llama.cpp's value-head order "
-                               "undone: rows exact, ssm_out's columns by whole blocks, in K-quants held "
-                               "dequantized), gated attention, multimodal rope sections"),
+                   note=_OWN_QWEN35 + "; Qwen3.5 (dense): gated delta-net layers (llama.cpp's value-head "
+                                      "order undone: rows exact, ssm_out's columns by whole blocks, in "
+                                      "K-quants held dequantized), gated attention, multimodal rope "
+                                      "sections; the draft layer left out"),
     "qwen35moe": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
-                      note=_OWN + "; Qwen3.5-MoE: qwen35's layers, MoE with a gated shared expert"),
+                      note=_OWN_QWEN35 + "; Qwen3.5-MoE: qwen35's layers, MoE with a gated shared expert"),
     # llama.cpp writes blk.N.layer_output_scale.weight; gguf-py names transformers' layer_scalar
     # without the suffix, so transformers' GGUF path skips the tensor (read, not run): no
     # reference to test against yet

@@ -132,7 +132,8 @@ def skip_reason(gguf_name: str, config: dict | None = None) -> str | None:
         return why
     config = config or {}
     block = re.match(r"blk\.(\d+)\.", gguf_name)
-    if block and config.get("num_nextn_predict_layers") and int(block[1]) >= config["num_hidden_layers"]:
+    draft = config.get("num_nextn_predict_layers") or config.get("mtp_num_hidden_layers")  # (Qwen's)
+    if block and draft and int(block[1]) >= config["num_hidden_layers"]:
         return MTP_LAYER
     return None
 
