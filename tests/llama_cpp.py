@@ -506,39 +506,14 @@ def glm_mtp_files(outtypes) -> dict[str, Path]:
     blk.2 and blk.2.nextn.*: MODELS["glm4moe"] built with three layers, the third one named
     the draft layer. Made once into the cache; the model of its first two layers is
     `AutoModelForCausalLM.from_pretrained(files["hf"])` (transformers leaves the draft out)."""
-    model_type, overrides, kind = MODELS["glm4moe"]
-    key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, overrides, _version("transformers")],
-                                    sort_keys=True).encode()).hexdigest()[:12]
-    root = cache_root() / "llama.cpp-made" / f"glm4moe-mtp-{key}"
-    hf = root / "hf"
-    with _locked(hf):
-        if not (hf / "config.json").is_file():
-            from safetensors.torch import load_file, save_file
-            from transformers import AutoConfig, AutoModelForCausalLM
+    def draft(tensors: dict, h: int) -> dict:
+        return {**tensors, **{f"model.layers.2.{name}": _random_like(torch.empty(shape))
+                              for name, shape in (("eh_proj.weight", (h, 2 * h)), ("enorm.weight", (h,)),
+                                                  ("hnorm.weight", (h,)), ("shared_head.norm.weight", (h,)))}}
 
-            config = AutoConfig.for_model(model_type, vocab_size=49152 + len(GLM_ADDED), bos_token_id=1,
-                                          eos_token_id=2, **dict(overrides, num_hidden_layers=3))
-            torch.manual_seed(3)
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.copy_(_random_like(p))
-            tmp = Path(tempfile.mkdtemp(dir=root.parent))
-            model.save_pretrained(tmp)
-            tensors = load_file(tmp / "model.safetensors")
-            h = config.hidden_size
-            tensors.update({f"model.layers.2.{name}": _random_like(torch.empty(shape))
-                            for name, shape in (("eh_proj.weight", (h, 2 * h)), ("enorm.weight", (h,)),
-                                                ("hnorm.weight", (h,)), ("shared_head.norm.weight", (h,)))})
-            save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-            saved = json.loads((tmp / "config.json").read_text())
-            (tmp / "config.json").write_text(json.dumps({**saved, "num_hidden_layers": 2,
-                                                         "num_nextn_predict_layers": 1}, indent=2))
-            for f in tokenizer_dir(kind).iterdir():
-                if f.is_file() and f.suffix != ".lock":
-                    shutil.copy(f, tmp / f.name)
-            os.replace(tmp, hf)
-    return {"hf": hf, **_converted(hf, root, "glm4moe-mtp", outtypes)}
+    return _with_draft_layer("glm4moe", "glm4moe-mtp", outtypes, vocab=49152 + len(GLM_ADDED), seed=3,
+                             build=dict(num_hidden_layers=3), draft=draft,
+                             saved=dict(num_hidden_layers=2, num_nextn_predict_layers=1))
 
 
 def qwen35_mtp_files(outtypes) -> dict[str, Path]:
@@ -549,43 +524,53 @@ def qwen35_mtp_files(outtypes) -> dict[str, Path]:
     of full attention, renamed the draft's. Made once into the cache; the model of its first
     four layers is `AutoModelForCausalLM.from_pretrained(files["hf"])` (transformers leaves
     mtp.* out)."""
-    model_type, overrides, kind = MODELS["qwen35"]
+    layer_types = ["linear_attention"] * 3 + ["full_attention"] * 2
+
+    def draft(tensors: dict, h: int) -> dict:
+        return {**{name.replace("model.layers.4.", "mtp.layers.0."): t for name, t in tensors.items()},
+                **{f"mtp.{name}": _random_like(torch.empty(shape))
+                   for name, shape in (("fc.weight", (h, 2 * h)), ("pre_fc_norm_embedding.weight", (h,)),
+                                       ("pre_fc_norm_hidden.weight", (h,)), ("norm.weight", (h,)))}}
+
+    return _with_draft_layer("qwen35", "qwen35-mtp", outtypes, vocab=49152, seed=5,
+                             build=dict(num_hidden_layers=5, layer_types=layer_types), draft=draft,
+                             saved=dict(num_hidden_layers=4, layer_types=layer_types[:4],
+                                        mtp_num_hidden_layers=1))
+
+
+def _with_draft_layer(name: str, stem: str, outtypes, vocab: int, seed: int, build: dict, draft,
+                      saved: dict) -> dict[str, Path]:
+    """The files of MODELS[name] built with `build` over its config, its checkpoint's tensors
+    made a draft model's by `draft(tensors, hidden size)` and its config.json's fields set to
+    `saved`: {"hf": the checkpoint, outtype: llama.cpp's file}, made once into the cache."""
+    model_type, overrides, kind = MODELS[name]
     key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, overrides, _version("transformers")],
                                     sort_keys=True).encode()).hexdigest()[:12]
-    root = cache_root() / "llama.cpp-made" / f"qwen35-mtp-{key}"
+    root = cache_root() / "llama.cpp-made" / f"{stem}-{key}"
     hf = root / "hf"
     with _locked(hf):
         if not (hf / "config.json").is_file():
             from safetensors.torch import load_file, save_file
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            layer_types = ["linear_attention"] * 3 + ["full_attention"] * 2
-            config = AutoConfig.for_model(model_type, vocab_size=49152, bos_token_id=1, eos_token_id=2,
-                                          **dict(overrides, num_hidden_layers=5, layer_types=layer_types))
-            torch.manual_seed(5)
+            config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
+                                          **dict(overrides, **build))
+            torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
             with torch.no_grad():
                 for p in model.parameters():
                     p.copy_(_random_like(p))
             tmp = Path(tempfile.mkdtemp(dir=root.parent))
             model.save_pretrained(tmp)
-            tensors = {name.replace("model.layers.4.", "mtp.layers.0."): t
-                       for name, t in load_file(tmp / "model.safetensors").items()}
-            h = config.hidden_size
-            tensors.update({f"mtp.{name}": _random_like(torch.empty(shape))
-                            for name, shape in (("fc.weight", (h, 2 * h)),
-                                                ("pre_fc_norm_embedding.weight", (h,)),
-                                                ("pre_fc_norm_hidden.weight", (h,)), ("norm.weight", (h,)))})
+            tensors = draft(load_file(tmp / "model.safetensors"), config.hidden_size)
             save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-            saved = json.loads((tmp / "config.json").read_text())
-            (tmp / "config.json").write_text(json.dumps({**saved, "num_hidden_layers": 4,
-                                                         "layer_types": layer_types[:4],
-                                                         "mtp_num_hidden_layers": 1}, indent=2))
+            config_json = json.loads((tmp / "config.json").read_text())
+            (tmp / "config.json").write_text(json.dumps({**config_json, **saved}, indent=2))
             for f in tokenizer_dir(kind).iterdir():
                 if f.is_file() and f.suffix != ".lock":
                     shutil.copy(f, tmp / f.name)
             os.replace(tmp, hf)
-    return {"hf": hf, **_converted(hf, root, "qwen35-mtp", outtypes)}
+    return {"hf": hf, **_converted(hf, root, stem, outtypes)}
 
 
 def _converted(hf: Path, root: Path, stem: str, outtypes) -> dict[str, Path]:

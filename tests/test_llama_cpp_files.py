@@ -431,23 +431,19 @@ def test_arch_config_tables_read_the_layers_llama_cpp_runs():
         own_config("minimax-m2", {**keys, "expert_gating_func": 1}.get, tokens, set())
 
 
-@pytest.mark.slow
-def test_a_quantized_router_of_its_own_class_is_held_in_float(made, tmp_path):
-    """Llama 4's router is a Linear subclass that returns its scores too: a file with it
-    quantized (llama-quantize keeps routers F32; other tools may not) gets it dequantized, with
-    the warning, and the model's predictions; the rest of its layers stay quantized."""
-    from gguf_repack.hf import QuantLinear, load_model
-
-    src, _, _ = made("llama4", "q8_0")
+def with_q8_0(src, dst, suffixes) -> None:
+    """A copy of the float GGUF file `src` at `dst`, written by gguf-py, with the tensors whose
+    names end in `suffixes` quantized to Q8_0 by gguf-py (the file types llama-quantize would
+    not give them, or a mix it would)."""
     reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(tmp_path / "router-q8_0.gguf", "llama4")
+    writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
         if not key.startswith("GGUF.") and key != "general.architecture":
             writer.add_key_value(key, field.contents(), field.types[0],
                                  sub_type=field.types[-1] if len(field.types) > 1 else None)
     for t in reader.tensors:
         data = np.asarray(t.data)
-        if t.name.endswith("ffn_gate_inp.weight"):
+        if t.name.endswith(tuple(suffixes)):
             assert t.tensor_type == gguf.GGMLQuantizationType.F32
             rows = data.reshape(tuple(int(d) for d in reversed(t.shape)))
             writer.add_tensor(t.name, gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
@@ -458,6 +454,17 @@ def test_a_quantized_router_of_its_own_class_is_held_in_float(made, tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+@pytest.mark.slow
+def test_a_quantized_router_of_its_own_class_is_held_in_float(made, tmp_path):
+    """Llama 4's router is a Linear subclass that returns its scores too: a file with it
+    quantized (llama-quantize keeps routers F32; other tools may not) gets it dequantized, with
+    the warning, and the model's predictions; the rest of its layers stay quantized."""
+    from gguf_repack.hf import QuantLinear, load_model
+
+    src, _, _ = made("llama4", "q8_0")
+    with_q8_0(src, tmp_path / "router-q8_0.gguf", ("ffn_gate_inp.weight",))
     convert(tmp_path / "router-q8_0.gguf", tmp_path / "out")
     with pytest.warns(UserWarning, match="ffn_gate_inp"):
         ours = load_model(tmp_path / "out")
@@ -507,24 +514,8 @@ def test_qwen3next_qkvz_parts_of_two_types_are_held_dequantized(made, tmp_path):
     from gguf_repack.hf import QuantLinear, load_model
 
     src, _, _ = made("qwen3next", "f32")
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(tmp_path / "qkv-q8_0.gguf", "qwen3next")
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            writer.add_key_value(key, field.contents(), field.types[0],
-                                 sub_type=field.types[-1] if len(field.types) > 1 else None)
-    for t in reader.tensors:
-        data = np.asarray(t.data)
-        if t.name.endswith(("attn_qkv.weight", "ffn_up_shexp.weight")):  # (the latter: stays quantized)
-            rows = data.reshape(tuple(int(d) for d in reversed(t.shape)))
-            writer.add_tensor(t.name, gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    # (ffn_up_shexp: a weight that stays quantized beside it)
+    with_q8_0(src, tmp_path / "qkv-q8_0.gguf", ("attn_qkv.weight", "ffn_up_shexp.weight"))
     convert(tmp_path / "qkv-q8_0.gguf", tmp_path / "out")
     with pytest.warns(UserWarning, match=r"held dequantized.*blk\.0\.attn_qkv"):
         ours = load_model(tmp_path / "out")
