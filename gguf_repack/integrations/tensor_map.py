@@ -58,6 +58,13 @@ MLA_KV_B_PART = re.compile(r"blk\.(?P<block>\d+)\.attn_(?P<part>k|v)_b\.weight")
 QKVZ_PART = re.compile(r"blk\.(?P<block>\d+)\.attn_(?P<part>qkv|gate)\.weight")
 
 
+def qkvz_part(gguf_name: str, hf_name: str) -> str | None:
+    """"qkv" or "gate" where the GGUF tensor is a part of Qwen3-Next's in_proj_qkvz (and not
+    another architecture's attn_qkv, which is a parameter of its own), else None."""
+    m = QKVZ_PART.fullmatch(gguf_name)
+    return m["part"] if m and hf_name.endswith("in_proj_qkvz.weight") else None
+
+
 def qkvz_order(config: dict) -> torch.Tensor:
     """in_proj_qkvz's rows as indices into attn_qkv's rows followed by attn_gate's: per key
     head g its queries, keys, values (its group of value heads) and z, as transformers'

@@ -21,11 +21,11 @@ from gguf_repack.integrations.architectures import describe_support, support
 from gguf_repack.integrations.tensor_map import (
     EXPERT_TENSOR,
     MLA_KV_B_PART,
-    QKVZ_PART,
     TensorMapping,
     kv_b_from_parts,
     meta_model,
     qkvz_from_parts,
+    qkvz_part,
     without_quantization_config,
 )
 from gguf_repack.runtime.loader import RepackedModel, load
@@ -105,8 +105,8 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
         role = EXPERT_TENSOR.fullmatch(gguf_name)
         if part := MLA_KV_B_PART.fullmatch(gguf_name):
             kv_b_parts.setdefault(hf_name, {})[part["part"]] = (gguf_name, tensor)
-        elif (part := QKVZ_PART.fullmatch(gguf_name)) and hf_name.endswith("in_proj_qkvz.weight"):
-            qkvz_parts.setdefault(hf_name, {})[part["part"]] = (gguf_name, tensor)
+        elif part := qkvz_part(gguf_name, hf_name):
+            qkvz_parts.setdefault(hf_name, {})[part] = (gguf_name, tensor)
         elif role and len(tensor.shape) == (3 if role["kind"] == "weight" else 2):
             # an expert stack or its biases: placed with its module's others
             if not plain_only:

@@ -26,10 +26,10 @@ from gguf_repack.format.manifest import QUANT_METHOD
 from gguf_repack.integrations.tensor_map import (
     EXPERT_TENSOR,
     MLA_KV_B_PART,
-    QKVZ_PART,
     checkpoint_renames,
     kv_b_from_parts,
     qkvz_from_parts,
+    qkvz_part,
 )
 from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
@@ -72,9 +72,9 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
                 counts.setdefault("float", []).extend(quantized)
                 yield hf_name, weight
             continue
-        if (part := QKVZ_PART.fullmatch(gguf_name)) and hf_name.endswith("in_proj_qkvz.weight"):
+        if part := qkvz_part(gguf_name, hf_name):
             found = qkvz_parts.setdefault(hf_name, {})
-            found[part["part"]] = (gguf_name, tensor)
+            found[part] = (gguf_name, tensor)
             if len(found) == 2:
                 weight, dequantized = qkvz_from_parts(hf_name, qkvz_parts.pop(hf_name), mapping,
                                                       torch.float32)
