@@ -160,6 +160,43 @@ def spm_tokenizer_dir() -> Path:
     return target
 
 
+# GemmaTokenizer (which transformers gives a Gemma 4 directory) adds <pad> and <mask> after them
+LLAMA_BPE_VOCAB = SPM_VOCAB + 2
+
+
+def llama_bpe_tokenizer_dir() -> Path:
+    """spm_tokenizer_dir's vocabulary as a Llama-style BPE tokenizer.json (byte fallback, no
+    tokenizer.model): what Gemma 4's converter reads (gguf-py's LlamaHfVocab). Built with the
+    tokenizers library from the SentencePiece model's pieces and scores (transformers' own
+    conversion of a SentencePiece model needs protobuf)."""
+    target = cache_root() / "tokenizers" / f"llama-bpe-{SPM_VOCAB}"
+    with _locked(target):
+        if not (target / "tokenizer.json").is_file():
+            import sentencepiece as spm
+            from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+            from transformers.tokenization_utils_base import generate_merges
+
+            sp = spm.SentencePieceProcessor(model_file=str(spm_tokenizer_dir() / "tokenizer.model"))
+            pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+            specials = [p for i, p in enumerate(pieces) if sp.is_control(i) or sp.is_unknown(i)]
+            vocab = {p: i for i, p in enumerate(pieces)}
+            merges = generate_merges(vocab, {p: sp.get_score(i) for i, p in enumerate(pieces)},
+                                     skip_tokens=set(specials))
+            tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
+                                       byte_fallback=True))
+            tok.normalizer = normalizers.Replace(" ", "\u2581")
+            tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                             decoders.Fuse()])
+            tok.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in specials])
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                tok.save(str(Path(tmp) / "tokenizer.json"))
+                (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(
+                    {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                     "add_bos_token": True, "tokenizer_class": "GemmaTokenizer"}))
+                os.replace(tmp, target)
+    return target
+
+
 # -- the models ------------------------------------------------------------------------------
 
 # (head width 32: the least vLLM's CPU attention takes)
@@ -173,6 +210,10 @@ _MLA = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_att
             num_key_value_heads=4, max_position_embeddings=256, kv_lora_rank=32, qk_nope_head_dim=32,
             qk_rope_head_dim=32, v_head_dim=32, moe_intermediate_size=64, first_k_dense_replace=1,
             tie_word_embeddings=False)
+
+_GEMMA4 = dict(_SMALL, head_dim=32, global_head_dim=64, num_hidden_layers=4, sliding_window=8,
+               layer_types=["sliding_attention", "full_attention"] * 2, final_logit_softcapping=30.0,
+               hidden_size_per_layer_input=0, pad_token_id=0)
 
 # name -> (transformers model_type, config overrides, tokenizer kind, what the variant is)
 MODELS: dict[str, tuple[str, dict, str]] = {
@@ -350,6 +391,21 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                                  linear_key_head_dim=16, linear_value_head_dim=16,
                                                  linear_num_key_heads=2, linear_num_value_heads=4,
                                                  tie_word_embeddings=True), "bpe"),
+    # Gemma 4 (31B's shape): sliding-window layers and global ones of wider heads (64, to 32),
+    # with fewer KV heads and their keys for values (attention_k_eq_v), a quarter of each head
+    # rotated ("proportional" rope); a random scalar per layer, final logit softcapping
+    "gemma4": ("gemma4_text", dict(_GEMMA4, attention_k_eq_v=True, num_global_key_value_heads=1),
+               "llama-bpe"),
+    # 26B-A4B's shape: an MoE block beside each MLP (its router's input and per-expert scales)
+    # (experts 64 wide: whole Q8_0 blocks per rank at TP 2)
+    "gemma4-moe": ("gemma4_text", dict(_GEMMA4, attention_k_eq_v=True, num_global_key_value_heads=1,
+                                       enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                       moe_intermediate_size=64), "llama-bpe"),
+    # E2B's shape: per-layer input embeddings, the last two layers reusing the keys and values
+    # of the first two, with MLPs twice as wide
+    "gemma4-e2b": ("gemma4_text", dict(_GEMMA4, hidden_size_per_layer_input=16,
+                                       vocab_size_per_layer_input=LLAMA_BPE_VOCAB, num_kv_shared_layers=2,
+                                       use_double_wide_mlp=True), "llama-bpe"),
     # MiniMax-M2: sigmoid routing with its correction bias, a quarter of each head rotated, q/k
     # norms over all heads
     "minimax-m2": ("minimax_m2", dict(_SMALL, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
@@ -454,7 +510,8 @@ def _entry(name: str) -> tuple[str, dict, str]:
 
 
 def tokenizer_dir(kind: str) -> Path:
-    return {"bpe": bpe_tokenizer_dir, "glm": glm_tokenizer_dir, "spm": spm_tokenizer_dir}[kind]()
+    return {"bpe": bpe_tokenizer_dir, "glm": glm_tokenizer_dir, "spm": spm_tokenizer_dir,
+            "llama-bpe": llama_bpe_tokenizer_dir}[kind]()
 
 
 def build_model(name: str, dtype=torch.float32):
@@ -464,7 +521,8 @@ def build_model(name: str, dtype=torch.float32):
 
     model_type, overrides, kind = _entry(name)
     tok = json.loads((tokenizer_dir(kind) / "tokenizer_config.json").read_text()) if kind == "spm" else None
-    vocab = SPM_VOCAB if tok is not None else 49152 + (len(GLM_ADDED) if kind == "glm" else 0)
+    vocab = SPM_VOCAB if tok is not None else LLAMA_BPE_VOCAB if kind == "llama-bpe" else \
+        49152 + (len(GLM_ADDED) if kind == "glm" else 0)
     config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
                                   **overrides)
     torch.manual_seed(int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little"))
@@ -472,10 +530,11 @@ def build_model(name: str, dtype=torch.float32):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(_random_like(p))
-        if name in RANDOM_ROUTING_BIAS:
-            for bname, buffer in model.named_buffers():
-                if bname.endswith("e_score_correction_bias"):
-                    buffer.copy_((torch.randn_like(buffer) * 0.2).to(torch.bfloat16).float())
+        for bname, buffer in model.named_buffers():
+            if name in RANDOM_ROUTING_BIAS and bname.endswith("e_score_correction_bias"):
+                buffer.copy_((torch.randn_like(buffer) * 0.2).to(torch.bfloat16).float())
+            elif bname.endswith("layer_scalar"):  # (Gemma 4's, a buffer of the checkpoint: 1 at init)
+                buffer.copy_(_random_like(buffer))
     return model.to(dtype).eval()
 
 

@@ -64,10 +64,11 @@ HALF_PER_RANK_ARCHS = ("llama", "phi3")
 # tests/test_deepseek2.py and tests/test_llama_cpp_files.py hold to the model it was made from
 LLAMA_CPP_TP2 = {"deepseek2": [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8_0")],
                  "glm4moe": [("glm4moe", "q8_0")],
-                 # config.json by arch_configs.py's table (Cohere2: its window as vLLM counts it)
-                 **{table_row(name): [(name, "q8_0")] for name in MODELS
-                    if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["tp2"] == TESTED
-                    and table_row(name) not in VLLM_BFLOAT16_ONLY}}
+                 # config.json by arch_configs.py's table (Cohere2: its window as vLLM counts it),
+                 # every variant of each (Gemma 4's three shapes)
+                 **{row: [(name, "q8_0") for name in MODELS if table_row(name) == row]
+                    for row in ARCHS if ARCHITECTURES[row]["tp2"] == TESTED and row not in VLLM_BFLOAT16_ONLY
+                    and any(table_row(name) == row for name in MODELS)}}
 
 
 def _cells(column: str, archs) -> pytest.MarkDecorator:

@@ -431,6 +431,31 @@ def test_arch_config_tables_read_the_layers_llama_cpp_runs():
         own_config("minimax-m2", {**keys, "expert_gating_func": 1}.get, tokens, set())
 
 
+def test_gemma4_table_reads_its_layers_as_llama_cpp_writes_them():
+    """Gemma 4's per-layer keys (KV heads and MLP widths as arrays) on what its converter writes
+    for E2B and 31B; a file they do not describe gets no config, with the reason."""
+    from gguf_repack.converter.arch_configs import own_config
+
+    keys = {"block_count": 4, "attention.head_count": 4, "embedding_length": 128, "attention.key_length": 64,
+            "attention.key_length_swa": 32, "attention.sliding_window": 8, "feed_forward_length": 256,
+            "attention.head_count_kv": [2, 1, 2, 1], "attention.sliding_window_pattern": [True, False] * 2}
+    tokens = {"tokenizer.ggml.tokens": ["a"] * 300}.get
+    k_only = {f"blk.{i}.attn_k.weight" for i in range(4)} | {"blk.0.attn_v.weight", "blk.2.attn_v.weight"}
+    dense = own_config("gemma4", keys.get, tokens, k_only)
+    assert (dense["head_dim"], dense["global_head_dim"], dense["num_key_value_heads"],
+            dense["num_global_key_value_heads"], dense["attention_k_eq_v"]) == (32, 64, 2, 1, True)
+    e2b = {**keys, "attention.head_count_kv": 2, "attention.shared_kv_layers": 2,
+           "embedding_length_per_layer_input": 16, "feed_forward_length": [256, 256, 512, 512]}
+    both = {f"blk.{i}.attn_{kv}.weight" for i in range(2) for kv in "kv"}
+    config = own_config("gemma4", e2b.get, tokens, both)
+    assert (config["intermediate_size"], config["use_double_wide_mlp"], config["attention_k_eq_v"],
+            config["vocab_size_per_layer_input"]) == (256, True, False, 300)
+    with pytest.raises(ValueError, match="MLP widths per layer"):
+        own_config("gemma4", {**e2b, "feed_forward_length": [256, 512, 256, 512]}.get, tokens, both)
+    with pytest.raises(ValueError, match="without keys for values"):
+        own_config("gemma4", keys.get, tokens, both | {"blk.3.attn_k.weight", "blk.3.attn_v.weight"})
+
+
 def with_q8_0(src, dst, suffixes) -> None:
     """A copy of the float GGUF file `src` at `dst`, written by gguf-py, with the tensors whose
     names end in `suffixes` quantized to Q8_0 by gguf-py (the file types llama-quantize would

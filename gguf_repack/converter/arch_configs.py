@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from .hf_config import (
     COMMON_FIELDS,
     GATING_SIGMOID,
@@ -137,6 +139,45 @@ def _qwen35(get, tensor_names) -> dict:
             "rope_parameters": {"mrope_section": sections[:3], "mrope_interleaved": True}}
 
 
+def _gemma4(get, tensor_names) -> dict:
+    """Gemma 4: global layers of wider heads (and, with attention_k_eq_v, fewer KV heads and
+    keys for values), the last layers reusing earlier layers' keys and values, per-layer input
+    embeddings (E2B, E4B), an MoE block beside the MLP (26B-A4B)."""
+    layers = int(get("block_count"))
+    pattern = get("attention.sliding_window_pattern")
+    swa = [] if pattern is None else [bool(s) for s in pattern]
+    if len(swa) != layers:
+        raise ValueError(f"a sliding-window pattern of {len(swa)} layers for {layers}")
+    config = {"head_dim": int(get("attention.key_length_swa") or get("attention.key_length")),
+              "global_head_dim": int(get("attention.key_length"))}
+    # keys for values on the global layers: the converter writes attn_k there and no attn_v
+    config["attention_k_eq_v"] = k_eq_v = any(
+        f"blk.{i}.attn_k.weight" in tensor_names and f"blk.{i}.attn_v.weight" not in tensor_names
+        for i in range(layers) if not swa[i])
+    kv = get("attention.head_count_kv")
+    if kv is not None and np.ndim(kv):  # (one count per layer)
+        local = {int(n) for n, s in zip(kv, swa) if s}
+        wide = {int(n) for n, s in zip(kv, swa) if not s}
+        if len(local) > 1 or len(wide) > 1:
+            raise ValueError(f"KV heads per layer {list(kv)}: Gemma 4 has one count per layer kind")
+        config["num_key_value_heads"] = next(iter(local or wide))
+        if wide and wide != local:
+            if not k_eq_v:  # (transformers' config takes the global layers' count only with it)
+                raise ValueError(f"KV heads per layer {list(kv)} without keys for values")
+            config["num_global_key_value_heads"] = next(iter(wide))
+    shared = int(get("attention.shared_kv_layers") or 0)
+    ff = get("feed_forward_length")
+    if ff is not None and np.ndim(ff):  # (the layers that reuse keys and values: twice as wide)
+        ff = [int(n) for n in ff]
+        double = [ff[0] * 2 if i >= layers - shared else ff[0] for i in range(layers)]
+        if ff not in ([ff[0]] * layers, double):
+            raise ValueError(f"MLP widths per layer {ff}: Gemma 4's are one width, or twice it on "
+                             f"the layers that reuse keys and values")
+        config.update(intermediate_size=ff[0], use_double_wide_mlp=ff == double and shared > 0)
+    config["enable_moe_block"] = int(get("expert_count") or 0) > 0
+    return config
+
+
 _QWEN35 = {"ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
            "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads"}
 
@@ -218,6 +259,16 @@ ARCHS: dict[str, ArchConfig] = {
     "qwen35moe": ArchConfig("qwen3_5_moe_text", {**_QWEN35, "expert_shared_feed_forward_length":
                                                       "shared_expert_intermediate_size"},
                             partial_rope=True, details=_qwen35),
+    # Gemma 4 (31B, 26B-A4B, E2B, E4B): in transformers' GGUF mapping, which leaves the head
+    # widths, the rope and the per-layer widths at its defaults; the norms stored as they are
+    # (not 1 + w); global layers rotate part of each head ("proportional": hf_config reads the
+    # part from the rope_freqs the converter writes)
+    "gemma4": ArchConfig("gemma4_text", {"attention.sliding_window": "sliding_window",
+                                         "final_logit_softcapping": "final_logit_softcapping",
+                                         "expert_used_count": "top_k_experts",
+                                         "attention.shared_kv_layers": "num_kv_shared_layers",
+                                         "embedding_length_per_layer_input": "hidden_size_per_layer_input"},
+                         fixed={"hidden_activation": "gelu_pytorch_tanh"}, details=_gemma4),
     # MiniMax-M2: in transformers' GGUF mapping, which writes the gating function's number as
     # scoring_func and no routing bias; part of each head rotated (rotary_dim)
     "minimax-m2": ArchConfig("minimax_m2", {"expert_count": "num_local_experts",
@@ -255,8 +306,9 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
                          ("use_qk_norm", "attn_q_norm.weight")):
         if name in known:
             fields[name] = any_block_has(tensor_names, tensor)
-    rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base") or
-                                                         defaults.rope_parameters["rope_theta"])}
+    own_rope = defaults.rope_parameters
+    own_rope = own_rope.get("full_attention", own_rope)  # (rope per layer kind: Gemma 4's)
+    rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base") or own_rope["rope_theta"])}
     rope_dim = int(get("rope.dimension_count") or head_dim)
     if rope_dim != head_dim:
         if not spec.partial_rope:
@@ -282,6 +334,10 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
         details = spec.details(get, tensor_names)
         fields["rope_parameters"].update(details.pop("rope_parameters", {}))
         fields.update(details)
+    if "vocab_size_per_layer_input" in known and fields.get("hidden_size_per_layer_input"):
+        # (Gemma 4's per-layer input embeddings: one row per token, as the token embedding;
+        # the loaders check the table's shape)
+        fields["vocab_size_per_layer_input"] = fields["vocab_size"]
     for name, key in TOKEN_IDS.items():
         fields[name] = get_key(key)
     return {"model_type": spec.model_type, **fields}

@@ -85,8 +85,11 @@ def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
             raise EngineFilesSkipped(f"transformers could not describe this {arch!r} model "
                                      f"({what})") from None
     config = _gpt_oss_config(_moe_config(config, gguf), gguf)
-    notes = complete_config(config, lambda key: gguf.get(f"{arch}.{key}"), set(tensor_names),
-                            lambda name: _read_f32(gset, name))
+    try:
+        notes = complete_config(config, lambda key: gguf.get(f"{arch}.{key}"), set(tensor_names),
+                                lambda name: _read_f32(gset, name))
+    except ValueError as e:
+        raise EngineFilesSkipped(f"this {arch!r} model has no transformers config: {e}") from None
     if unknown := unaccounted_keys(gguf.kvs, arch):
         notes.append(f"{len(unknown)} metadata keys this converter does not know, not in "
                      f"config.json: {', '.join(unknown)}")

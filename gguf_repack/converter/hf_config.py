@@ -45,6 +45,9 @@ MAPPED = {
     "attention.sliding_window_pattern", "attention.temperature_scale",
     # Qwen3.5's linear-attention layers and multimodal rope sections
     "ssm.group_count", "attention.recurrent_layers", "full_attention_interval", "rope.dimension_sections",
+    # Gemma 4's two head widths, its layers that reuse keys and values, its per-layer inputs
+    "attention.key_length_swa", "rope.dimension_count_swa", "attention.shared_kv_layers",
+    "embedding_length_per_layer_input",
 }
 # Keys that carry nothing an engine needs from config.json, each with the reason.
 IGNORED = {
@@ -59,6 +62,8 @@ IGNORED = {
     "general.alignment": "the file's layout, kept in the header bytes for export",
     "attention.value_length": "equal to key_length (head_dim) in every architecture here but deepseek2, "
                               "where it is MLA's latent width (kv_lora_rank), checked against it",
+    "attention.value_length_swa": "equal to key_length_swa (Gemma 4's head_dim; its global layers' "
+                                  "value_length is key_length)",
     "tensor_data_layout": "Falcon's QKV row order, which the tensor mapping undoes",
     "ssm.dt_b_c_rms": "Falcon-Mamba's extra norms; Mamba's config has no such option (false here)",
 }
@@ -88,8 +93,10 @@ def complete_config(config, get: Callable[[str], object], tensor_names: set[str]
     key after "<arch>." (None if absent); `read_f32(name)` a float32 tensor. Returns warnings."""
     notes: list[str] = []
     head_dim = get("attention.key_length")
-    if config.model_type in MLA_MODEL_TYPES:
-        head_dim = None  # (deepseek2's key_length is MLA's as llama.cpp runs it: latent + rope)
+    if config.model_type in MLA_MODEL_TYPES or config.model_type == "gemma4_text":
+        # (deepseek2's key_length is MLA's as llama.cpp runs it: latent + rope; Gemma 4's the
+        # global layers', which its config has per layer, as arch_configs wrote it)
+        head_dim = None
     if head_dim and hasattr(config, "head_dim") and config.head_dim != head_dim:
         config.head_dim = int(head_dim)  # (Qwen3: transformers keeps the class default, 128)
     context = get("context_length")
@@ -115,6 +122,8 @@ def _rope_parameters(config, get, tensor_names, read_f32, notes) -> dict | None:
     if not isinstance(current, dict) or config.model_type == "gpt_oss":
         return None  # (no rope; gpt-oss: engine_files._gpt_oss_config)
     per_layer_type = "full_attention" in current
+    if config.model_type == "gemma4_text":
+        return _gemma4_rope(config, get, tensor_names, read_f32)
     full = dict(current["full_attention"] if per_layer_type else current)
     theta = get("rope.freq_base")
     if theta:
@@ -129,6 +138,25 @@ def _rope_parameters(config, get, tensor_names, read_f32, notes) -> dict | None:
     if get("rope.freq_base_swa"):
         sliding["rope_theta"] = float(get("rope.freq_base_swa"))
     # llama.cpp scales only the global layers' rope (Gemma 3's linear x8)
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
+def _gemma4_rope(config, get, tensor_names, read_f32) -> dict:
+    """Gemma 4's rope: on the global layers "proportional" (the first part of each half-head
+    rotated, at the frequencies of the whole head), which llama.cpp runs as rope over the whole
+    head with its frequencies divided by 1e30 past the rotated part (the rope_freqs the
+    converter writes: its ones are the rotated part); on the sliding-window layers the default."""
+    full = {"rope_type": "proportional", "rope_theta": float(get("rope.freq_base") or 1e6)}
+    if "rope_freqs.weight" in tensor_names:
+        divisors = read_f32("rope_freqs.weight")
+        rotated = int(np.count_nonzero(divisors == 1.0))
+        if not np.all(divisors[:rotated] == 1.0) or not np.all(divisors[rotated:] >= 1e29):
+            raise ValueError("rope_freqs.weight is not of Gemma 4's form (ones, then 1e30)")
+        full["partial_rotary_factor"] = rotated / len(divisors)
+    sliding = {"rope_type": "default", "rope_theta": float(get("rope.freq_base_swa") or 1e4)}
+    rotated_swa, head_dim = get("rope.dimension_count_swa"), get("attention.key_length_swa")
+    if rotated_swa and head_dim and int(rotated_swa) != int(head_dim):
+        sliding["partial_rotary_factor"] = int(rotated_swa) / int(head_dim)
     return {"full_attention": full, "sliding_attention": sliding}
 
 

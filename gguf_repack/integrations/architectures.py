@@ -129,11 +129,14 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                                       "sections; the draft layer left out"),
     "qwen35moe": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
                       note=_OWN_QWEN35 + "; Qwen3.5-MoE: qwen35's layers, MoE with a gated shared expert"),
-    # llama.cpp writes blk.N.layer_output_scale.weight; gguf-py names transformers' layer_scalar
-    # without the suffix, so transformers' GGUF path skips the tensor (read, not run): no
-    # reference to test against yet
-    "gemma4": _row(transformers="not done: transformers' GGUF path drops its layer scale",
-                   vllm="not done yet", tp2="not done yet", llama_cpp=NOT_CONVERTED),
+    # transformers' GGUF mapping knows it, but keeps its class's defaults for the sliding
+    # window layers' head width, the layer pattern and the rope, and reads no layer scalars
+    # (gguf-py names them without llama.cpp's .weight): config.json is ours
+    "gemma4": _row(note=_OWN.replace("none", "it with its class's defaults") + "; Gemma 4 (text): "
+                        "sliding-window and global layers of two head widths, keys for values on the "
+                        "global ones, proportional rope (from rope_freqs), a scalar per layer; E2B/E4B's "
+                        "per-layer input embeddings and layers reusing others' keys and values; "
+                        "26B-A4B's MoE block beside the MLP (gate and up in one tensor)"),
     # transformers' GGUF mapping knows it, but writes the gating function's number as
     # scoring_func and no routing bias: config.json is ours, and the transformers cell is
     # tested against the model the file was made from

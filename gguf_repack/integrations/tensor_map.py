@@ -28,8 +28,9 @@ from gguf_repack.runtime.qtensor import QTensor, join_rows
 # GGUF tensors that llama.cpp stores and the engines compute instead, by full-name pattern:
 # never a parameter, so never loaded; each with the reason.
 SKIPPED = {
-    r"rope_freqs\.weight": "Llama 3's rope divisors: config.json has the rope parameters they come "
-                           "from (converter/hf_config.py), and the engine computes them",
+    r"rope_freqs\.weight": "rope divisors (Llama 3's scaling; Gemma 4's rotated part of a head): "
+                           "config.json has the rope parameters they come from "
+                           "(converter/hf_config.py), and the engine computes them",
     r"rope_factors_(long|short)\.weight": "LongRoPE's factors: config.json carries them "
                                            "(converter/hf_config.py)",
 }
@@ -43,7 +44,8 @@ _EXPERT_BIAS = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.(?P<proj>gate_up|dow
 
 # llama.cpp's expert stacks and their biases (one tensor per role, all experts of a layer), by
 # full name: the engines place these with their experts module, not one parameter each
-EXPERT_TENSOR = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|down)_exps\.(?P<kind>weight|bias)")
+EXPERT_TENSOR = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|gate_up|down)_exps\."
+                           r"(?P<kind>weight|bias)")
 
 
 # MLA's kv_b_proj (deepseek2), which llama.cpp's converter splits per head into attn_k_b, the
@@ -157,6 +159,13 @@ SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "arcee": "llama", "smo
 CONVERTER_RENAMES = [(r"\.dt_bias$", ".dt_proj.bias")]
 
 
+# parameters llama.cpp's converter names by hand, past gguf-py's map, per architecture: (the
+# parameter's name, the GGUF name): Gemma 4's router input scale and per-expert output scale
+CONVERTER_NAMES = {"gemma4": [
+    (r"model\.layers\.(\d+)\.router\.scale", r"blk.\1.ffn_gate_inp.scale"),
+    (r"model\.layers\.(\d+)\.router\.per_expert_scale", r"blk.\1.ffn_down_exps.scale")]}
+
+
 def tensor_processor(gguf_arch: str, config: dict):
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
@@ -201,7 +210,12 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
     name_map = get_tensor_name_map(arch, model.config.num_hidden_layers)
     renames = checkpoint_renames(model.config.model_type)
     names: dict[str, str] = {}
+    by_hand = CONVERTER_NAMES.get(gguf_arch, [])
     for hf_name in model.state_dict(keep_vars=True):
+        if gguf_name := next((re.sub(pattern, target, hf_name) for pattern, target in by_hand
+                              if re.fullmatch(pattern, hf_name)), None):
+            names.setdefault(gguf_name, hf_name)
+            continue
         # transformers also tries each submodule with its own prefix dropped (a GGUF converted
         # from the base model); the outer name wins. gguf-py's map knows the names of the
         # original checkpoints, which transformers 5 renames for some models (GraniteMoe's

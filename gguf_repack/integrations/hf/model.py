@@ -241,9 +241,9 @@ def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Te
     arch = model.config.model_type
     kind = type(module).__name__
     biases = {role.removesuffix("_bias"): stacks.pop(role) for role in list(stacks) if role.endswith("_bias")}
-    if set(stacks) != {"gate", "up", "down"}:
+    if set(stacks) not in ({"gate", "up", "down"}, {"gate_up", "down"}):
         raise FormatError(f"{module_name}: the file has expert stacks {sorted(stacks)}; a "
-                          f"{arch} experts module needs gate, up and down")
+                          f"{arch} experts module needs gate, up and down (or gate_up and down)")
     if kind not in EXPERT_MODULES:
         raise RepackError(f"{arch}: its experts ({module_name}, {kind}) cannot run on quantized "
                           f"stacks yet; {', '.join(sorted(EXPERT_MODULES))} can")
@@ -257,8 +257,8 @@ def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Te
         raise RepackError(f"{module_name}: expert stacks partly float, partly quantized are not "
                           f"supported yet")
     else:
-        experts = QuantExperts(stacks["gate"], stacks["up"], stacks["down"], _activation(module),
-                               backend=backend, biases=biases)
+        experts = QuantExperts(stacks.get("gate"), stacks.get("up"), stacks["down"], _activation(module),
+                               backend=backend, biases=biases, gate_up=stacks.get("gate_up"))
         model.set_submodule(module_name, EveryExpert(experts) if kind in EVERY_EXPERT_MODULES else experts)
 
 
@@ -269,7 +269,8 @@ EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeEx
                   "Glm4MoeExperts": False, "OlmoeExperts": False, "GraniteMoeExperts": False,
                   "Ernie4_5_MoeExperts": False, "MiniMaxM2Experts": False, "Llama4TextExperts": False,
                   "ExaoneMoeExperts": False, "PhimoeExperts": False,
-                  "AfmoeExperts": False, "Qwen3NextExperts": False, "Qwen3_5MoeExperts": False}
+                  "AfmoeExperts": False, "Qwen3NextExperts": False, "Qwen3_5MoeExperts": False,
+                  "Gemma4TextExperts": False}
 # experts modules called on every token for every expert (E * T rows, the router's weight
 # applied to the input already): forward(hidden_states) alone
 EVERY_EXPERT_MODULES = {"Llama4TextExperts"}
@@ -302,7 +303,8 @@ def _fill_float_experts(module, kind: str, stacks: dict[str, torch.Tensor],
                                                 .flatten(1, 2), requires_grad=False)
         module.down_proj_bias = nn.Parameter(biases["down"], requires_grad=False)
         return
-    module.gate_up_proj = nn.Parameter(torch.cat([stacks["gate"], stacks["up"]], dim=1), requires_grad=False)
+    gate_up = stacks["gate_up"] if "gate_up" in stacks else torch.cat([stacks["gate"], stacks["up"]], dim=1)
+    module.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
     module.down_proj = nn.Parameter(stacks["down"], requires_grad=False)
 
 

@@ -94,27 +94,37 @@ class QuantExperts(nn.Module):
     token meets only its chosen experts (QTensor.expert_matmul). `activation(gate, up)` is the
     model's own: act(gate) * up, or gpt-oss's clamped SwiGLU."""
 
-    def __init__(self, gate: QTensor, up: QTensor, down: QTensor, activation, backend: str = "auto",
-                 biases: dict[str, torch.Tensor] | None = None):
+    def __init__(self, gate: QTensor | None, up: QTensor | None, down: QTensor, activation,
+                 backend: str = "auto", biases: dict[str, torch.Tensor] | None = None, *,
+                 gate_up: QTensor | None = None):
         super().__init__()
-        self.num_experts, self.intermediate_dim, self.hidden_dim = gate.shape
-        if up.shape != gate.shape or tuple(down.shape) != (self.num_experts, self.hidden_dim,
+        if gate_up is not None:  # (one GGUF tensor of both: Gemma 4's ffn_gate_up_exps)
+            if gate is not None or up is not None or gate_up.shape[1] % 2:
+                raise ValueError(f"a joined gate_up stack {list(gate_up.shape)} takes no gate or up")
+            experts, rows, hidden = gate_up.shape
+            gate_shape = up_shape = (experts, rows // 2, hidden)
+            stacks = {"gate_up": gate_up}
+        else:
+            gate_shape, up_shape = tuple(gate.shape), tuple(up.shape)
+            stacks = {"gate_up": join_rows([gate, up])} if gate.qtype is up.qtype \
+                else {"gate": gate, "up": up}
+        self.num_experts, self.intermediate_dim, self.hidden_dim = gate_shape
+        if up_shape != gate_shape or tuple(down.shape) != (self.num_experts, self.hidden_dim,
                                                            self.intermediate_dim):
-            raise ValueError(f"expert stacks do not fit: gate {list(gate.shape)}, up "
-                             f"{list(up.shape)}, down {list(down.shape)}")
+            raise ValueError(f"expert stacks do not fit: gate {list(gate_shape)}, up "
+                             f"{list(up_shape)}, down {list(down.shape)}")
         self.activation, self.backend = activation, backend
-        stacks = {"gate_up": join_rows([gate, up])} if gate.qtype is up.qtype else {"gate": gate, "up": up}
         stacks["down"] = down
         self.stacks = {name: (w.qtype, tuple(w.shape)) for name, w in stacks.items()}
         for name, w in stacks.items():
             for field, plane in w.planes.items():
                 self.register_buffer(f"{_PREFIX}{name}_{field}", plane, persistent=False)
         biases = biases or {}
-        for name, w in (("gate", gate), ("up", up), ("down", down)):
+        for name, shape in (("gate", gate_shape), ("up", up_shape), ("down", tuple(down.shape))):
             bias = biases.get(name)
-            if bias is not None and tuple(bias.shape) != tuple(w.shape[:2]):
+            if bias is not None and tuple(bias.shape) != shape[:2]:
                 raise ValueError(f"{name} expert biases {list(bias.shape)} do not fit the stack "
-                                 f"{list(w.shape)}")
+                                 f"{list(shape)}")
             self.register_parameter(f"{name}_bias", None if bias is None
                                     else nn.Parameter(bias, requires_grad=False))
 

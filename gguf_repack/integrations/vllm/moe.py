@@ -55,6 +55,10 @@ def _silu_and_mul():
     return lambda gate, up: F.silu(gate) * up
 
 
+def _gelu_tanh_and_mul():  # (Gemma 4's experts)
+    return lambda gate, up: F.gelu(gate, approximate="tanh") * up
+
+
 def _swigluoai():
     """gpt-oss's clamped SwiGLU, vLLM's own (which takes gate and up interleaved); made while
     the model is built, where vLLM's custom ops may be."""
@@ -83,7 +87,7 @@ def check_loaded(method, layer) -> None:
 
 
 # vLLM's activation name -> a maker of activation(gate, up)
-ACTIVATIONS = {"silu": _silu_and_mul, "swigluoai": _swigluoai}
+ACTIVATIONS = {"silu": _silu_and_mul, "gelu_tanh": _gelu_tanh_and_mul, "swigluoai": _swigluoai}
 BIAS = PLANE + "bias_"
 
 

@@ -140,6 +140,12 @@ class GgufRepackVllmConfig(QuantizationConfig):
                 if qkvz_part(gguf, hf) and self._types.get(hf, kind) != kind:
                     kind = "F32"
                 self._types[hf] = kind
+            if mapping.config.get("attention_k_eq_v"):
+                # Gemma 4's global layers take their keys for values: the file has k_proj alone,
+                # which vLLM's model loads into both the K and the V part of qkv_proj
+                for hf, kind in list(self._types.items()):
+                    if hf.endswith(".self_attn.k_proj.weight"):
+                        self._types.setdefault(hf.replace(".k_proj.", ".v_proj."), kind)
             if self._mapper is not None:
                 self._types.update(self._mapper.apply_dict(self._types))
             self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}
@@ -152,6 +158,9 @@ class GgufRepackVllmConfig(QuantizationConfig):
         self._load_types()
         block = decoder_layer(prefix)
         names = [f"blk.{'?' if block is None else block}.ffn_{w}_exps.weight" for w in ("gate", "up", "down")]
+        joined = names[0].replace("gate", "gate_up")
+        if joined in self._gguf_types:  # (Gemma 4's: gate and up in one tensor, one type)
+            names[:2] = [joined, joined]
         missing = [n for n in names if n not in self._gguf_types]
         if missing:
             raise ValueError(f"gguf_repack: {prefix}: the directory has no expert stack "

@@ -267,9 +267,20 @@ def _expert_placer(model) -> Callable[[str, QTensor], None]:
         layer = layers[int(block)]
         if kind == "bias":
             layer.quant_method.place_bias(layer, role, stack)
+        elif role == "gate_up":  # (Gemma 4's one tensor: gate's rows, then up's)
+            for half, part in zip(("gate", "up"), _halves(stack)):
+                layer.quant_method.place_stack(layer, half, part)
         else:
             layer.quant_method.place_stack(layer, role, stack)
     return place
+
+
+def _halves(stack: QTensor | torch.Tensor):
+    """A joined gate_up expert stack [E, 2 x N, K] as its gate and up stacks (rows hold whole
+    blocks: exact on a quantized one)."""
+    if isinstance(stack, QTensor):
+        return stack.shard(1, 0, 2), stack.shard(1, 1, 2)
+    return stack.chunk(2, dim=1)
 
 
 def register_loader() -> None:
