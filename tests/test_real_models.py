@@ -32,6 +32,13 @@ def test_real_model_round_trip(model, request, tmp_path, cli):
     expected = {"smollm2": {"Q4_1", "Q8_0", "F32"},
                 "gemma": {"Q4_K", "Q6_K", "Q5_0", "Q8_0", "F32"}}[model]
     assert types == expected
+    # generation ends where llama.cpp ends it: the file's eos and the end-of-turn tokens it
+    # finds by their text (Gemma 3's own generation_config.json says [1, 106] too)
+    ends = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    tokens = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
+    by_id = {t["id"]: t["content"] for t in tokens}
+    assert [by_id[i] for i in ends] == {"smollm2": ["<|im_end|>", "<|endoftext|>"],
+                                        "gemma": ["<eos>", "<end_of_turn>"]}[model]
 
 
 def test_verify_names_a_damaged_tensor(smollm2, tmp_path, cli):

@@ -100,9 +100,33 @@ def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
     config.architectures = config.architectures or _causal_lm_class(config.model_type)
     config.save_pretrained(out)
     _complete_config(out / "config.json")
-    GenerationConfig.from_model_config(config).save_pretrained(out)
+    generation = GenerationConfig.from_model_config(config)
+    if len(ends := end_of_generation_ids(gguf)) > 1:
+        generation.eos_token_id = ends
+    generation.save_pretrained(out)
     written = tokenizer.save_pretrained(out)
     return sorted({*CONFIG_FILES, *(Path(p).name for p in written)}), notes
+
+
+# the tokens llama.cpp ends generation at besides the file's eos, eot and eom ids, found by their
+# text (llama-vocab.cpp: chat models' end-of-turn tokens, which converters write as plain
+# tokens): an engine stops at the same ones only when generation_config.json lists them
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>")
+
+
+def end_of_generation_ids(gguf: GGUFFile) -> list[int]:
+    """The token ids llama.cpp ends generation at, the file's eos first: Gemma 3's <eos> and
+    <end_of_turn>, Gemma 4's <turn|>, ChatML's <|im_end|> and <|endoftext|>."""
+    ids = [int(v) for key in ("eos", "eot", "eom")
+           if (v := gguf.get(f"tokenizer.ggml.{key}_token_id")) is not None]
+    tokens = gguf.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        wanted = set(END_OF_GENERATION_TEXTS)
+        ids += [i for i, text in enumerate(tokens) if text in wanted]
+    return list(dict.fromkeys(ids))
 
 
 def _read_f32(gset: GGUFSet, name: str) -> np.ndarray:

@@ -55,6 +55,10 @@ def load_model(out: str | os.PathLike, device: str | torch.device = "cpu", *,
     dtype = dtype or default_dtype(device, config)
     model = empty_model(config, dtype)
     fill_model(model, repacked, dtype=dtype, backend=backend)
+    if (out / "generation_config.json").is_file():  # (the end-of-turn tokens, as from_pretrained)
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(out)
     return model.to(device).eval()
 
 
