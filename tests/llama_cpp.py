@@ -368,8 +368,9 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     # Qwen3.5 (dense): gated delta-net layers (two key heads, four value heads: llama.cpp
     # reorders the value heads) and one of gated full attention, a quarter of each head rotated
     # by interleaved multimodal rope (its sections as a model of this head width has them)
+    # (delta-net heads of 128: the only width vLLM's CPU kernel takes)
     "qwen35": ("qwen3_5_text", dict(_SMALL, head_dim=32, num_hidden_layers=4, linear_conv_kernel_dim=4,
-                                    linear_key_head_dim=16, linear_value_head_dim=32,
+                                    linear_key_head_dim=128, linear_value_head_dim=128,
                                     linear_num_key_heads=2, linear_num_value_heads=4,
                                     tie_word_embeddings=False,
                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
@@ -377,8 +378,10 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                                      "mrope_section": [2, 1, 1], "mrope_interleaved": True}),
                "bpe"),
     # Qwen3.5-MoE: the same layers with routed experts and a gated shared expert
-    "qwen35moe": ("qwen3_5_moe_text", dict(_SMALL, **_MOE, head_dim=32, num_hidden_layers=4,
-                                           linear_key_head_dim=16, linear_value_head_dim=32,
+    # (experts 64 wide: whole Q8_0 blocks per rank at TP 2)
+    "qwen35moe": ("qwen3_5_moe_text", dict(_SMALL, **{**_MOE, "moe_intermediate_size": 64}, head_dim=32,
+                                           num_hidden_layers=4, linear_key_head_dim=128,
+                                           linear_value_head_dim=128,
                                            linear_num_key_heads=2, linear_num_value_heads=4,
                                            shared_expert_intermediate_size=64, tie_word_embeddings=False,
                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
@@ -675,9 +678,9 @@ def _version(dist: str) -> str:
 
 
 # architectures vLLM's CPU build runs in bfloat16 only (its gated delta-net): their vLLM cells
-# are tests of their own (test_llama_cpp_files.test_qwen3next_through_vllm_...), not in the runs
+# are a test of their own (test_llama_cpp_files.test_gated_delta_net_models_through_vllm_...), not in the runs
 # of every architecture at float32
-VLLM_BFLOAT16_ONLY = {"qwen3next"}
+VLLM_BFLOAT16_ONLY = {"qwen3next", "qwen35", "qwen35moe"}
 
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's assert the multi-token-
 # prediction layer, which a transformers model has no weights for (the repositories' checkpoints

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 
 import gguf
@@ -28,6 +29,7 @@ from hf_models import assert_same_predictions, kl_per_position
 from llama_cpp import (
     MLA_MODELS,
     MODELS,
+    TOKENIZER_MODEL_TYPE,
     VLLM_BFLOAT16_ONLY,
     build_model,
     glm_mtp_files,
@@ -456,10 +458,10 @@ def test_gemma4_table_reads_its_layers_as_llama_cpp_writes_them():
         own_config("gemma4", keys.get, tokens, both | {"blk.3.attn_k.weight", "blk.3.attn_v.weight"})
 
 
-def with_q8_0(src, dst, suffixes) -> None:
+def requantized(src, dst, types: dict[str, str]) -> None:
     """A copy of the float GGUF file `src` at `dst`, written by gguf-py, with the tensors whose
-    names end in `suffixes` quantized to Q8_0 by gguf-py (the file types llama-quantize would
-    not give them, or a mix it would)."""
+    names end in a key of `types` quantized to that type by gguf-py (the file types
+    llama-quantize would not give them, or a mix it would)."""
     reader = gguf.GGUFReader(src)
     writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
@@ -468,11 +470,12 @@ def with_q8_0(src, dst, suffixes) -> None:
                                  sub_type=field.types[-1] if len(field.types) > 1 else None)
     for t in reader.tensors:
         data = np.asarray(t.data)
-        if t.name.endswith(tuple(suffixes)):
+        qtype = next((gguf.GGMLQuantizationType[q] for suffix, q in types.items() if t.name.endswith(suffix)),
+                     None)
+        if qtype is not None:
             assert t.tensor_type == gguf.GGMLQuantizationType.F32
             rows = data.reshape(tuple(int(d) for d in reversed(t.shape)))
-            writer.add_tensor(t.name, gguf.quants.quantize(rows, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(t.name, gguf.quants.quantize(rows, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
@@ -489,7 +492,7 @@ def test_a_quantized_router_of_its_own_class_is_held_in_float(made, tmp_path):
     from gguf_repack.hf import QuantLinear, load_model
 
     src, _, _ = made("llama4", "q8_0")
-    with_q8_0(src, tmp_path / "router-q8_0.gguf", ("ffn_gate_inp.weight",))
+    requantized(src, tmp_path / "router-q8_0.gguf", {"ffn_gate_inp.weight": "Q8_0"})
     convert(tmp_path / "router-q8_0.gguf", tmp_path / "out")
     with pytest.warns(UserWarning, match="ffn_gate_inp"):
         ours = load_model(tmp_path / "out")
@@ -512,7 +515,7 @@ def test_a_quantized_router_of_its_own_class_is_held_in_float(made, tmp_path):
 @pytest.mark.slow
 def test_qwen35_value_heads_reordered_by_whole_blocks_stay_quantized(made):
     """llama.cpp's converter reorders Qwen3.5's value heads, ssm_out's columns among them
-    (tensor_map._value_head_order). Heads of 32 columns in Q8_0's blocks of 32: the blocks are
+    (tensor_map._value_head_order). Heads of 128 columns in Q8_0's blocks of 32: the blocks are
     reordered, ssm_out stays quantized (its products: test_q8_0_file_gives_the_model_with_q8_0_weights).
     Heads of 16: the order splits blocks (as a real model's heads of 128 in K-quants' blocks of
     256), so ssm_out is held dequantized, with the warning naming it; the rest stays quantized."""
@@ -540,7 +543,7 @@ def test_qwen3next_qkvz_parts_of_two_types_are_held_dequantized(made, tmp_path):
 
     src, _, _ = made("qwen3next", "f32")
     # (ffn_up_shexp: a weight that stays quantized beside it)
-    with_q8_0(src, tmp_path / "qkv-q8_0.gguf", ("attn_qkv.weight", "ffn_up_shexp.weight"))
+    requantized(src, tmp_path / "qkv-q8_0.gguf", {"attn_qkv.weight": "Q8_0", "ffn_up_shexp.weight": "Q8_0"})
     convert(tmp_path / "qkv-q8_0.gguf", tmp_path / "out")
     with pytest.warns(UserWarning, match=r"held dequantized.*blk\.0\.attn_qkv"):
         ours = load_model(tmp_path / "out")
@@ -569,24 +572,44 @@ def test_qwen3next_qkvz_parts_of_two_types_are_held_dequantized(made, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.architecture("vllm", "qwen3next")
-@pytest.mark.architecture("tp2", "qwen3next")
-def test_qwen3next_through_vllm_gives_vllms_own_tokens(made, vllm_python):  # noqa: F811
+@pytest.mark.architecture("vllm", *sorted(VLLM_BFLOAT16_ONLY))
+@pytest.mark.architecture("tp2", *sorted(VLLM_BFLOAT16_ONLY))
+def test_gated_delta_net_models_through_vllm_give_vllms_own_tokens(made, vllm_python, module_tmp):  # noqa: F811
     """vLLM's CPU gated delta-net runs in bfloat16 only (and heads of 128), where its Qwen3-Next
     differs from transformers' (a longer prompt's first token; the same on the float checkpoint,
-    without the plugin: vLLM's, not the plugin's). So the reference is vLLM's own model on the
-    checkpoint the file was made from: the float file's tokens equal it exactly at TP 1 and 2
-    (in_proj_qkvz joined back from attn_qkv and attn_gate, A_log from ssm_a, the norms). The
-    Q8_0 file (its qkvz parts joined quantized, sharded by rows at TP 2) loads and generates at
-    both; its tokens are not compared: at bfloat16 the Q8_0 round trip flips this random
-    model's tokens either way (vLLM's own on the round-tripped checkpoint disagrees with itself
-    on the float one as much)."""
-    checkpoint = hf_model_dir("qwen3next")
-    float_out, q8_0_out = made("qwen3next", "f32")[1], made("qwen3next", "q8_0")[1]
+    without the plugin: vLLM's, not the plugin's). So the reference of Qwen3-Next, Qwen3.5 and
+    Qwen3.5-MoE is vLLM's own model on the checkpoint each file was made from: the float file's
+    tokens equal it exactly at TP 1 and 2 (Qwen3-Next's in_proj_qkvz joined back from attn_qkv
+    and attn_gate; Qwen3.5's value heads put back in order, its in_proj_qkv filling three
+    shards of vLLM's in_proj_qkvz; A_log from ssm_a, the norms). The Q8_0 files (quantized
+    parts joined or placed by rows, sharded by rows at TP 2) load and generate at both, and so
+    does a Qwen3.5 file whose in_proj_qkv and in_proj_z have two quantized types (as
+    llama-quantize's Q4_K_M gives them: Q5_K and Q4_K); their tokens are not compared: at
+    bfloat16 the round trip flips these random models' tokens either way (vLLM's own on the
+    round-tripped checkpoint disagrees with itself on the float one as much). vLLM's Qwen3.5
+    imports torchvision, for which the test runner has a stand-in (tests/torchvision_stand_in)."""
+    checkpoints, runs_only = [], []
+    for name in sorted(VLLM_BFLOAT16_ONLY):
+        checkpoint = hf_model_dir(name)
+        if name in TOKENIZER_MODEL_TYPE:  # (its own model type back, for vLLM's model class)
+            config = json.loads((checkpoint / "config.json").read_text())
+            checkpoint = module_tmp(f"{name}-checkpoint")
+            shutil.copytree(hf_model_dir(name), checkpoint, dirs_exist_ok=True)
+            (checkpoint / "config.json").write_text(json.dumps({**config, "model_type": MODELS[name][0]}))
+        checkpoints.append((checkpoint, made(name, "f32")[1]))
+        runs_only.append(made(name, "q8_0")[1])
+    mixed = module_tmp("qwen35-two-types")
+    requantized(made("qwen35", "f32")[0], mixed / "two-types.gguf", {"attn_qkv.weight": "Q8_0",
+                                                                     "attn_gate.weight": "Q5_0"})
+    convert(mixed / "two-types.gguf", mixed / "out")
+    runs_only.append(mixed / "out")
     for tp in (1, 2):
-        results = run_vllm_many(vllm_python, [checkpoint, float_out, q8_0_out], prompts=VLLM_PROMPTS,
-                                max_tokens=8, tp=tp, extra=["--dtype", "bfloat16"])
-        own = results[str(checkpoint)]
-        assert results[str(float_out)]["prompt_token_ids"] == own["prompt_token_ids"]
-        assert results[str(float_out)]["token_ids"] == own["token_ids"], tp
-        assert [len(t) for t in results[str(q8_0_out)]["token_ids"]] == [8, 8], tp
+        results = run_vllm_many(vllm_python, [*(d for pair in checkpoints for d in pair), *runs_only],
+                                prompts=VLLM_PROMPTS, max_tokens=8, tp=tp,
+                                extra=["--dtype", "bfloat16", "--torchvision-stand-in"])
+        for checkpoint, float_out in checkpoints:
+            own = results[str(checkpoint)]
+            assert results[str(float_out)]["prompt_token_ids"] == own["prompt_token_ids"]
+            assert results[str(float_out)]["token_ids"] == own["token_ids"], (float_out, tp)
+        for out in runs_only:
+            assert [len(t) for t in results[str(out)]["token_ids"]] == [8, 8], (out, tp)

@@ -45,7 +45,11 @@ def main() -> None:
     ap.add_argument("--held-bytes", action="store_true", help="report what the model holds")
     ap.add_argument("--backend-calls", action="store_true", help="report the backends' calls")
     ap.add_argument("--may-fail", default="", help="directories whose load failure is reported")
+    ap.add_argument("--torchvision-stand-in", action="store_true",
+                    help="import a stand-in for torchvision where it is not installed")
     args = ap.parse_args()
+    if args.torchvision_stand_in:
+        stand_in_torchvision()
     ranks = args.tp * args.pp
     launched = ranks > 1 and args.pp == 1  # the ranks are this script's processes (torchrun)
     if launched and "RANK" not in os.environ:
@@ -147,6 +151,21 @@ def main() -> None:
         collect()
         cleanup_dist_env_and_memory()
         gc.freeze()  # (what the model's start imported)
+
+
+def stand_in_torchvision() -> None:
+    """A stand-in for torchvision, where it is not installed, in this process and in every
+    Python process it starts (vLLM inspects a model's class in a subprocess):
+    tests/torchvision_stand_in/sitecustomize.py, which Python imports at start-up from the path."""
+    from importlib.util import find_spec
+
+    if find_spec("torchvision") is not None:
+        return
+    stand_in = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchvision_stand_in")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [stand_in, os.environ.get("PYTHONPATH")]))
+    import runpy
+
+    runpy.run_path(os.path.join(stand_in, "sitecustomize.py"))  # (in this process: installed now)
 
 
 def free_port() -> int:

@@ -36,8 +36,6 @@ NO_CPU_BIASED_ROUTER = ("untestable here: vLLM's CPU router takes sigmoid scores
 PHIMOE_DIFFERS = "fails: vLLM's PhiMoE differs from transformers' (float weights too; not investigated)"
 # vLLM's qwen3_5.py imports its vision model, whose image processors import torchvision at once;
 # the package index has no torchvision build for the CPU torch (2.13.0+cpu; checked 2026-12-04)
-NO_TORCHVISION = ("untestable here: vLLM's Qwen3.5 imports its vision model, which needs torchvision "
-                  "(no build for the CPU torch)")
 NOT_CONVERTED = "not run yet: no tiny model of it in tests/llama_cpp.py"
 _OWN = "config.json from the metadata (transformers maps none)"
 # transformers 5.19 and later map Qwen3.5's config from GGUF (its GGUF_CONFIG_ARCHS), without the
@@ -122,13 +120,14 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                                   "gated attention, MoE with a gated shared expert; vLLM (CPU: bfloat16 "
                                   "only): the float file gives vLLM's own model's tokens, the Q8_0 file "
                                   "runs"),
-    "qwen35": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
-                   note=_OWN_QWEN35 + "; Qwen3.5 (dense): gated delta-net layers (llama.cpp's value-head "
+    "qwen35": _row(note=_OWN_QWEN35 + "; Qwen3.5 (dense): gated delta-net layers (llama.cpp's value-head "
                                       "order undone: rows exact, ssm_out's columns by whole blocks, in "
                                       "K-quants held dequantized), gated attention, multimodal rope "
-                                      "sections; the draft layer left out"),
-    "qwen35moe": _row(vllm=NO_TORCHVISION, tp2=NO_TORCHVISION,
-                      note=_OWN_QWEN35 + "; Qwen3.5-MoE: qwen35's layers, MoE with a gated shared expert"),
+                                      "sections; the draft layer left out; vLLM (CPU: bfloat16 only): "
+                                      "the float file gives vLLM's own model's tokens, the Q8_0 file "
+                                      "and one of two quantized types run"),
+    "qwen35moe": _row(note=_OWN_QWEN35 + "; Qwen3.5-MoE: qwen35's layers, MoE with a gated shared expert; "
+                                         "vLLM as qwen35"),
     # transformers' GGUF mapping knows it, but keeps its class's defaults for the sliding
     # window layers' head width, the layer pattern and the rope, and reads no layer scalars
     # (gguf-py names them without llama.cpp's .weight): config.json is ours

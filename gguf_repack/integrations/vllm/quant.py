@@ -115,15 +115,24 @@ class GgufRepackVllmConfig(QuantizationConfig):
         """The GGUF types of the tensors behind the vLLM layer `prefix` (several for a merged
         layer such as qkv_proj), () when the directory has none."""
         types = self._load_types()
-        module, _, last = prefix.rpartition(".")
-        parts = getattr(self, "packed_modules_mapping", {}).get(last, [last])
-        names = [f"{module}.{p}.weight" if module else f"{p}.weight" for p in parts]
+        names = self._source_names(prefix)
         found = tuple(types[n] for n in names if n in types)
         if found and len(found) != len(names):
             missing = [n for n in names if n not in types]
             raise ValueError(f"gguf_repack: {prefix} merges {len(names)} tensors, but the directory "
                              f"has none for {missing} (model {self.directory})")
         return found
+
+    def source_rows(self, prefix: str) -> tuple[int, ...]:
+        """The rows of each tensor source_types names (where one tensor fills several shards of
+        a merged layer: Qwen3.5's in_proj_qkv, its q, k and v of in_proj_qkvz)."""
+        self._load_types()
+        return tuple(self._rows[n] for n in self._source_names(prefix) if n in self._rows)
+
+    def _source_names(self, prefix: str) -> list[str]:
+        module, _, last = prefix.rpartition(".")
+        parts = getattr(self, "packed_modules_mapping", {}).get(last, [last])
+        return [f"{module}.{p}.weight" if module else f"{p}.weight" for p in parts]
 
     def _load_types(self) -> dict[str, str]:
         """{transformers parameter name: GGUF type}, and the GGUF names of the embeddings."""
@@ -134,20 +143,24 @@ class GgufRepackVllmConfig(QuantizationConfig):
             mapping = mapping_for(repacked)
             # MLA's kv_b_proj is held in float, joined from llama.cpp's two parts (weights.py);
             # Qwen3-Next's in_proj_qkvz has its parts' type where they have one (else float)
-            self._types = {}
+            self._types, self._rows = {}, {}
             for gguf, hf in mapping.names:
                 kind = "F32" if MLA_KV_B_PART.fullmatch(gguf) else repacked.record(gguf).type
                 if qkvz_part(gguf, hf) and self._types.get(hf, kind) != kind:
                     kind = "F32"
                 self._types[hf] = kind
+                shape = repacked.record(gguf).shape
+                self._rows[hf] = self._rows.get(hf, 0) + (int(shape[-2]) if len(shape) >= 2 else 0)
             if mapping.config.get("attention_k_eq_v"):
                 # Gemma 4's global layers take their keys for values: the file has k_proj alone,
                 # which vLLM's model loads into both the K and the V part of qkv_proj
                 for hf, kind in list(self._types.items()):
                     if hf.endswith(".self_attn.k_proj.weight"):
                         self._types.setdefault(hf.replace(".k_proj.", ".v_proj."), kind)
+                        self._rows.setdefault(hf.replace(".k_proj.", ".v_proj."), self._rows[hf])
             if self._mapper is not None:
                 self._types.update(self._mapper.apply_dict(self._types))
+                self._rows.update(self._mapper.apply_dict(self._rows))
             self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}
         return self._types
 
@@ -207,11 +220,30 @@ class GgufRepackVllmConfig(QuantizationConfig):
                              f"(model {self.directory})")
         if isinstance(layer, VocabParallelEmbedding):
             return RepackEmbeddingMethod(types, prefix)
-        return RepackLinearMethod(types, prefix)
+        return RepackLinearMethod(types, prefix, part_rows=self.source_rows(prefix))
 
 
 def _shard_index(shard_id) -> int:
     return {"q": 0, "k": 1, "v": 2}.get(shard_id, 0 if shard_id is None else shard_id)
+
+
+def _types_per_shard(layer, qtypes, part_rows) -> list[GGMLType]:
+    """Each shard's GGUF type where a tensor fills several consecutive shards of a merged
+    layer (Qwen3.5's in_proj_qkv: q, k and v of in_proj_qkvz; in_proj_z: z): the shards a
+    tensor covers are those its rows add up to, in order."""
+    out, shards = [], iter(_fused_shards(layer))
+    for qtype, rows in zip(qtypes, part_rows):
+        covered = 0
+        while covered < rows:
+            part = next(shards, None)
+            if part is None:
+                break
+            covered += part[2]
+            out.append(qtype)
+        if covered != rows:
+            raise ValueError(f"gguf_repack: tensors of {list(part_rows)} rows do not make the "
+                             f"shards of {type(layer).__name__} ({[p[2] for p in _fused_shards(layer)]})")
+    return out
 
 
 def _fused_shards(layer) -> list[tuple[str | int, int, int]]:
@@ -233,8 +265,9 @@ class _PlanesMethod(QuantizeMethodBase):
     a shard id; those empty parameters only carry the weight loader that puts the planes in
     place."""
 
-    def __init__(self, qtypes: list[GGMLType], prefix: str = ""):
-        self.qtypes, self.prefix = qtypes, prefix
+    def __init__(self, qtypes: list[GGMLType], prefix: str = "", part_rows=()):
+        # part_rows: each GGUF tensor's rows, where one fills several shards of a merged layer
+        self.qtypes, self.prefix, self.part_rows = qtypes, prefix, tuple(part_rows)
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, **extra_weight_attrs):
@@ -244,6 +277,8 @@ class _PlanesMethod(QuantizeMethodBase):
         # a merged layer whose tensor the file holds fused (phi3's attn_qkv, its gate+up
         # ffn_up): one GGUF type for every shard, the fused rows split by the loader
         qtypes = self.qtypes * len(rows) if len(self.qtypes) == 1 else self.qtypes
+        if len(qtypes) != len(rows) and len(self.part_rows) == len(qtypes):
+            qtypes = _types_per_shard(layer, qtypes, self.part_rows)
         if len(qtypes) != len(rows):
             raise ValueError(f"gguf_repack: a layer of {len(rows)} shards has {len(qtypes)} GGUF "
                              f"tensors behind it")
@@ -290,6 +325,13 @@ class _PlanesMethod(QuantizeMethodBase):
             if shard_id is None and len(layer.rp1_place) > 1:  # a fused tensor: split by rows
                 for part, start, rows in _fused_shards(layer):
                     load_plane(carrier, plane.narrow(1, start, rows), part)
+                return
+            if isinstance(shard_id, tuple):  # one tensor for several shards: split by rows
+                shards = {part: (start, rows) for part, start, rows in _fused_shards(layer)}
+                first = shards[shard_id[0]][0]
+                for part in shard_id:
+                    start, rows = shards[part]
+                    load_plane(carrier, plane.narrow(1, start - first, rows), part)
                 return
             run, offset, rows = layer.rp1_place[_shard_index(shard_id)]
             target = getattr(layer, f"{PLANE}{run}_{field}").data.narrow(1, offset, rows)
