@@ -304,6 +304,11 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     "granitemoe": ("granitemoe", dict(_SMALL, num_local_experts=4, num_experts_per_tok=2,
                                       intermediate_size=64, embedding_multiplier=4.0, residual_multiplier=0.5,
                                       attention_multiplier=0.05, logits_scaling=2.0), "bpe"),
+    # GraniteMoeShared: granitemoe with a shared expert
+    "granitemoe-shared": ("granitemoeshared", dict(_SMALL, num_local_experts=4, num_experts_per_tok=2,
+                                                   intermediate_size=64, shared_intermediate_size=64,
+                                                   embedding_multiplier=4.0, residual_multiplier=0.5,
+                                                   attention_multiplier=0.05, logits_scaling=2.0), "bpe"),
     "ernie4_5": ("ernie4_5", dict(_SMALL, head_dim=32), "spm"),
     "ernie4_5-moe": ("ernie4_5_moe", dict(_SMALL, head_dim=32, moe_num_experts=4, moe_k=2,
                                           moe_intermediate_size=64, moe_num_shared_experts=0,
@@ -388,6 +393,16 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                                             "partial_rotary_factor": 0.25,
                                                             "mrope_section": [2, 1, 1],
                                                             "mrope_interleaved": True}), "bpe"),
+    # Granite 4.0-H's shape: Mamba-2 layers and attention layers without rope (as llama.cpp runs
+    # every granitehybrid file with Mamba-2 layers), MoE with a shared expert, the multipliers
+    "granitehybrid": ("granitemoehybrid", dict(_SMALL, intermediate_size=64, num_hidden_layers=4,
+                                               layer_types=["mamba", "attention"] * 2, num_local_experts=4,
+                                               num_experts_per_tok=2, shared_intermediate_size=128,
+                                               mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=1,
+                                               mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                                               position_embedding_type="nope", embedding_multiplier=4.0,
+                                               residual_multiplier=0.5, attention_multiplier=0.05,
+                                               logits_scaling=2.0), "bpe"),
     # value heads of 16: ssm_out's columns reordered across Q8_0's blocks of 32 (a real model's
     # 128-wide heads in K-quants' blocks of 256 alike), which only dequantized values follow
     "qwen35-narrow-heads": ("qwen3_5_text", dict(_SMALL, head_dim=32, num_hidden_layers=4,
@@ -541,9 +556,13 @@ def build_model(name: str, dtype=torch.float32):
     return model.to(dtype).eval()
 
 
-# transformers 5 names some classes otherwise than their repositories' config.json, which is what
-# llama.cpp's converter looks up
-CHECKPOINT_CLASS = {"phimoe": "PhiMoEForCausalLM"}
+# config.json fields as the original repositories have them, where transformers 5 writes them
+# otherwise and llama.cpp's converter reads the repository's: PhiMoE's class name, Granite
+# 4.0-H's layer kinds ("mamba" and "attention", which transformers 5 renames)
+CHECKPOINT_FIELDS = {"phimoe": {"architectures": ["PhiMoEForCausalLM"]},
+                     "granitehybrid": {"layer_types": ["mamba", "attention"] * 2},
+                     # (LFM2's repositories say its convolution's width; vLLM's model reads it)
+                     "lfm2": {"conv_dim": 128, "block_dim": 128}}
 # transformers 5 gives some model types' directories a tokenizer class of its choosing, whatever
 # tokenizer_config.json says (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS): Qwen3.5-MoE's gets
 # Qwen3_5Tokenizer, whose pre-tokenizer on SmolLM2's vocabulary llama.cpp's converter does not
@@ -649,26 +668,32 @@ def hf_model_dir(name: str) -> Path:
     """`build_model(name)` saved with its tokenizer: the converter's input."""
     model_type, overrides, kind = _entry(name)
     key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, model_type, overrides, kind, _version("transformers"),
-                                     _version("torch"), *(["bias"] if name in RANDOM_ROUTING_BIAS else [])],
+                                     _version("torch"), *(["bias"] if name in RANDOM_ROUTING_BIAS else []),
+                                     *([CHECKPOINT_FIELDS[name]] if name in CHECKPOINT_FIELDS else [])],
                                     sort_keys=True).encode()).hexdigest()[:12]
     target = cache_root() / "llama.cpp-made" / f"{name}-{key}" / "hf"
     with _locked(target):
         if not (target / "config.json").is_file():
             tmp = Path(tempfile.mkdtemp(dir=target.parent))
-            build_model(name).save_pretrained(tmp)
-            if name in CHECKPOINT_CLASS:  # (the class name the original repository's config.json has)
-                config = json.loads((tmp / "config.json").read_text())
-                config["architectures"] = [CHECKPOINT_CLASS[name]]
-                (tmp / "config.json").write_text(json.dumps(config))
+            save_checkpoint(name, build_model(name), tmp)
             if name in TOKENIZER_MODEL_TYPE:
                 config = json.loads((tmp / "config.json").read_text())
                 config["model_type"] = TOKENIZER_MODEL_TYPE[name]
                 (tmp / "config.json").write_text(json.dumps(config))
-            for f in tokenizer_dir(kind).iterdir():
-                if f.is_file() and f.suffix != ".lock":
-                    shutil.copy(f, tmp / f.name)
             os.replace(tmp, target)
     return target
+
+
+def save_checkpoint(name: str, model, target: Path) -> None:
+    """`model` (of MODELS[name]) saved as its original repository would hold it: config.json
+    with CHECKPOINT_FIELDS, and the tokenizer's files."""
+    model.save_pretrained(target)
+    if name in CHECKPOINT_FIELDS:
+        config = json.loads((target / "config.json").read_text())
+        (target / "config.json").write_text(json.dumps({**config, **CHECKPOINT_FIELDS[name]}))
+    for f in tokenizer_dir(_entry(name)[2]).iterdir():
+        if f.is_file() and f.suffix != ".lock":
+            shutil.copy(f, target / f.name)
 
 
 def _version(dist: str) -> str:
@@ -681,6 +706,11 @@ def _version(dist: str) -> str:
 # are a test of their own (test_llama_cpp_files.test_gated_delta_net_models_through_vllm_...), not in the runs
 # of every architecture at float32
 VLLM_BFLOAT16_ONLY = {"qwen3next", "qwen35", "qwen35moe"}
+
+# architectures whose vLLM model computes otherwise than transformers' (on the float checkpoint
+# too, without the plugin): their vLLM cells hold llama.cpp's files to vLLM's own model on the
+# checkpoint they were made from (test_llama_cpp_files.test_models_vllm_computes_otherwise_...)
+VLLM_OWN_REFERENCE = {"lfm2", "phimoe"}
 
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's assert the multi-token-
 # prediction layer, which a transformers model has no weights for (the repositories' checkpoints

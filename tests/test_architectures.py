@@ -31,7 +31,7 @@ from hf_models import (
     kl_per_position,
     write_model,
 )
-from llama_cpp import MODELS, VLLM_BFLOAT16_ONLY, llama_cpp_file
+from llama_cpp import MODELS, VLLM_BFLOAT16_ONLY, VLLM_OWN_REFERENCE, llama_cpp_file
 from test_llama_cpp_files import table_row
 from test_vllm import (  # noqa: F401 (a fixture)
     assert_half_per_rank,
@@ -52,7 +52,9 @@ VLLM_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 HF_MODELS = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 # through vLLM at two ranks, in one vLLM start (each costs CI about a minute, each model's
 # ranks started again): every dense architecture of the table whose cell says tested
-VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS] if ARCHITECTURES[a]["tp2"] == TESTED)
+# (LFM2's: against vLLM's own model, test_llama_cpp_files.test_models_vllm_computes_otherwise_...)
+VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS]
+                        if ARCHITECTURES[a]["tp2"] == TESTED and a not in VLLM_OWN_REFERENCE)
 # and of these, what each rank holds: half of every quantized weight. phi3 holds q, k and v in
 # one tensor (attn_qkv) and gate and up in one (ffn_up): each rank must take its rows of each
 # part, not one contiguous slice of the fused rows (the tokens were wrong at TP 2 when it did),
@@ -67,7 +69,8 @@ LLAMA_CPP_TP2 = {"deepseek2": [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8
                  # config.json by arch_configs.py's table (Cohere2: its window as vLLM counts it),
                  # every variant of each (Gemma 4's three shapes)
                  **{row: [(name, "q8_0") for name in MODELS if table_row(name) == row]
-                    for row in ARCHS if ARCHITECTURES[row]["tp2"] == TESTED and row not in VLLM_BFLOAT16_ONLY
+                    for row in ARCHS if ARCHITECTURES[row]["tp2"] == TESTED
+                    and row not in VLLM_BFLOAT16_ONLY | VLLM_OWN_REFERENCE
                     and any(table_row(name) == row for name in MODELS)}}
 
 

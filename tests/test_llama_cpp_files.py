@@ -31,12 +31,14 @@ from llama_cpp import (
     MODELS,
     TOKENIZER_MODEL_TYPE,
     VLLM_BFLOAT16_ONLY,
+    VLLM_OWN_REFERENCE,
     build_model,
     glm_mtp_files,
     hf_model_dir,
     llama_cpp_files,
     mla_files,
     qwen35_mtp_files,
+    save_checkpoint,
 )
 from test_vllm import run_vllm_many, vllm_python, window_as_vllm_counts  # noqa: F401 (a fixture)
 
@@ -72,7 +74,7 @@ def table_row(name: str) -> str:
         return "glm4moe"
     model_type = MODELS[name][0]
     return {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
-            "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe",
+            "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe", "granitemoeshared": "granitemoe",
             **{spec.model_type: arch for arch, spec in ARCHS.items()}}.get(model_type, model_type)
 
 
@@ -358,7 +360,7 @@ VLLM_PAIRS = [("llama", "f16"), ("llama-rope-llama3", "f32"), ("llama-rope-yarn"
               # its window as vLLM counts it: test_vllm.window_as_vllm_counts)
               *((name, "q8_0") for name in NAMES
                 if table_row(name) in ARCHS and ARCHITECTURES[table_row(name)]["vllm"] == TESTED
-                and table_row(name) not in VLLM_BFLOAT16_ONLY),
+                and table_row(name) not in VLLM_BFLOAT16_ONLY | VLLM_OWN_REFERENCE),
               # Llama 4 float too (vLLM's own experts method; its load_weights reorders the q/k
               # rows, which the plugin gives the quantized planes: weights._load_row_order)
               ("llama4", "f32")]
@@ -569,6 +571,31 @@ def test_qwen3next_qkvz_parts_of_two_types_are_held_dequantized(made, tmp_path):
     with torch.no_grad():
         kl = kl_per_position(ref(ids).logits[0], ours(ids).logits[0])
     assert kl.max().item() <= KL_Q8_0, kl.max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.architecture("vllm", *sorted(VLLM_OWN_REFERENCE))
+@pytest.mark.architecture("tp2", *sorted(VLLM_OWN_REFERENCE))
+def test_models_vllm_computes_otherwise_give_vllms_own_tokens(made, vllm_python, module_tmp):  # noqa: F811
+    """vLLM's LFM2 and PhiMoE give other tokens than transformers' on the float checkpoints
+    themselves, without the plugin. So their reference is vLLM's own model: on the checkpoint
+    each file was made from (the float file), and on that checkpoint with every weight the Q8_0
+    file quantizes replaced by gguf-py's Q8_0 round trip (the Q8_0 file): the same tokens, at
+    float32, at TP 1 and 2."""
+    pairs = []
+    for name in sorted(VLLM_OWN_REFERENCE):
+        pairs.append((hf_model_dir(name), made(name, "f32")[1]))
+        src, q8_0_out, _ = made(name, "q8_0")
+        round_trip = module_tmp(f"{name}-q8_0-round-trip")
+        save_checkpoint(name, q8_0_reference(name, src)[0], round_trip)
+        pairs.append((round_trip, q8_0_out))
+    for tp in (1, 2):
+        results = run_vllm_many(vllm_python, [d for pair in pairs for d in pair], prompts=VLLM_PROMPTS,
+                                max_tokens=8, tp=tp)
+        for checkpoint, out in pairs:
+            own = results[str(checkpoint)]
+            assert results[str(out)]["prompt_token_ids"] == own["prompt_token_ids"]
+            assert results[str(out)]["token_ids"] == own["token_ids"], (out, tp)
 
 
 @pytest.mark.slow

@@ -75,6 +75,15 @@ def _llama4(get, tensor_names) -> dict:
             "floor_scale": 8192, "attn_scale": 0.1, "use_qk_norm": int(get("expert_count") or 0) != 128}
 
 
+def _granitemoe(get, tensor_names) -> dict:
+    # GraniteMoeShared: GraniteMoe with a shared expert (ffn_*_shexp, gate and up joined back:
+    # tensor_map.ROW_PARTS), a class of its own in transformers and vLLM
+    if not any_block_has(tensor_names, "ffn_up_shexp.weight"):
+        return {}
+    return {"model_type": "granitemoeshared",
+            "shared_intermediate_size": int(get("expert_shared_feed_forward_length"))}
+
+
 def _phimoe(get, tensor_names) -> dict:
     # (PhiMoE's LayerNorms take their epsilon from rms_norm_eps, which the converter writes)
     return {"attention_bias": any_block_has(tensor_names, "attn_q.bias"),
@@ -178,6 +187,26 @@ def _gemma4(get, tensor_names) -> dict:
     return config
 
 
+def _granite_hybrid(get, tensor_names) -> dict:
+    """Granite 4.0-H (and Bamba): Mamba-2 layers and attention layers, which llama.cpp tells
+    apart by their KV heads (0: Mamba-2); rope only where the file says so (Granite 4.0-H has
+    none: its attention layers are position-free)."""
+    layers = int(get("block_count"))
+    kv = get("attention.head_count_kv")
+    kv = [int(kv)] * layers if kv is None or not np.ndim(kv) else [int(n) for n in kv]
+    if len(kv) != layers or not any(kv):
+        raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    hidden = int(get("embedding_length"))
+    if inner % hidden or inner % heads:
+        raise ValueError(f"a Mamba-2 inner width of {inner} for a hidden size of {hidden} and {heads} heads")
+    return {"layer_types": ["attention" if n else "mamba" for n in kv], "num_key_value_heads": max(kv),
+            "mamba_expand": inner // hidden, "mamba_d_head": inner // heads,
+            "mamba_conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
+            "mamba_proj_bias": any_block_has(tensor_names, "ssm_in.bias"),
+            "position_embedding_type": "rope" if get("rope.scaling.finetuned") else "nope"}
+
+
 _QWEN35 = {"ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
            "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads"}
 
@@ -197,8 +226,17 @@ ARCHS: dict[str, ArchConfig] = {
     # OLMoE: llama.cpp leaves the chosen experts' weights as the softmax gave them
     "olmoe": ArchConfig("olmoe", fixed={"norm_topk_prob": False}),
     "granite": ArchConfig("granite", _GRANITE),
-    # (GraniteMoeShared's shared expert, ffn_*_shexp, is not mapped yet: loading names them)
-    "granitemoe": ArchConfig("granitemoe", {**_GRANITE, "expert_count": "num_local_experts"}),
+    # (and GraniteMoeShared: with a shared expert)
+    "granitemoe": ArchConfig("granitemoe", {**_GRANITE, "expert_count": "num_local_experts"},
+                             details=_granitemoe),
+    # Granite 4.0-H: Mamba-2 layers and (position-free) attention layers, MoE with a shared
+    # expert (whose gate and up llama.cpp splits in two: tensor_map.ROW_PARTS), Granite's
+    # multipliers
+    "granitehybrid": ArchConfig("granitemoehybrid", {
+        **_GRANITE, "expert_count": "num_local_experts",
+        "expert_shared_feed_forward_length": "shared_intermediate_size", "ssm.conv_kernel": "mamba_d_conv",
+        "ssm.state_size": "mamba_d_state", "ssm.group_count": "mamba_n_groups",
+        "ssm.time_step_rank": "mamba_n_heads"}, details=_granite_hybrid),
     "ernie4_5": ArchConfig("ernie4_5"),
     "ernie4_5-moe": ArchConfig("ernie4_5_moe", {"expert_count": "moe_num_experts",
                                                 "expert_used_count": "moe_k",
@@ -330,9 +368,11 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
         if len(pattern) != layers:
             raise ValueError(f"a sliding-window pattern of {len(pattern)} layers for {layers}")
         fields["layer_types"] = ["sliding_attention" if swa else "full_attention" for swa in pattern]
+    model_type = spec.model_type
     if spec.details:
         details = spec.details(get, tensor_names)
         fields["rope_parameters"].update(details.pop("rope_parameters", {}))
+        model_type = details.pop("model_type", model_type)  # (a variant's class: GraniteMoeShared)
         fields.update(details)
     if "vocab_size_per_layer_input" in known and fields.get("hidden_size_per_layer_input"):
         # (Gemma 4's per-layer input embeddings: one row per token, as the token embedding;
@@ -340,7 +380,7 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
         fields["vocab_size_per_layer_input"] = fields["vocab_size"]
     for name, key in TOKEN_IDS.items():
         fields[name] = get_key(key)
-    return {"model_type": spec.model_type, **fields}
+    return {"model_type": model_type, **fields}
 
 
 def _table(arch: str):

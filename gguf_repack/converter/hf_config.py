@@ -48,6 +48,8 @@ MAPPED = {
     # Gemma 4's two head widths, its layers that reuse keys and values, its per-layer inputs
     "attention.key_length_swa", "rope.dimension_count_swa", "attention.shared_kv_layers",
     "embedding_length_per_layer_input",
+    # Granite 4.0-H's: whether its attention layers rotate (rope.scaling.finetuned, as llama.cpp reads it)
+    "rope.scaling.finetuned",
 }
 # Keys that carry nothing an engine needs from config.json, each with the reason.
 IGNORED = {

@@ -21,9 +21,10 @@ TESTED = "tested"
 COLUMNS = {"convert": "convert", "transformers": "transformers", "vllm": "vLLM", "tp2": "vLLM TP 2",
            "llama_cpp": "llama.cpp's converter"}
 NO_MAMBA_KERNEL = "untestable here: vLLM's CPU build has no Mamba scan"
-# vLLM's own LFM2 on a float checkpoint of the same weights gives the plugin's logits, and
-# both differ from transformers' (5.19 and 5.24 alike) at the prompt; checked 2026-12-02
-LFM2_DIFFERS = "fails: vLLM's LFM2 differs from transformers' (float weights too)"
+# vLLM's LFM2 and PhiMoE give other tokens than transformers' on their float checkpoints too
+# (checked 2026-12-02 and -04): their vLLM cells hold the plugin to vLLM's own model on the
+# checkpoint the file was made from (its Q8_0 round trip for a Q8_0 file), which it equals
+VLLM_OWN = "; vLLM: against vLLM's own model on the checkpoint (it differs from transformers' there)"
 
 
 # vLLM's CPU router (cpu_router.py) takes sigmoid scores and the score-correction bias only in
@@ -31,11 +32,6 @@ LFM2_DIFFERS = "fails: vLLM's LFM2 differs from transformers' (float weights too
 # leaves the bias out (checked 2026-12-04): MiniMax-M2 stops, ERNIE-4.5-MoE routes otherwise
 NO_CPU_BIASED_ROUTER = ("untestable here: vLLM's CPU router takes sigmoid scores and the correction bias "
                         "only with expert groups")
-# vLLM's PhiMoE on the float file gives other tokens than transformers' from the second or
-# sixth on (2026-12-04, vLLM 0.32 CPU build); not investigated yet
-PHIMOE_DIFFERS = "fails: vLLM's PhiMoE differs from transformers' (float weights too; not investigated)"
-# vLLM's qwen3_5.py imports its vision model, whose image processors import torchvision at once;
-# the package index has no torchvision build for the CPU torch (2.13.0+cpu; checked 2026-12-04)
 NOT_CONVERTED = "not run yet: no tiny model of it in tests/llama_cpp.py"
 _OWN = "config.json from the metadata (transformers maps none)"
 # transformers 5.19 and later map Qwen3.5's config from GGUF (its GGUF_CONFIG_ARCHS), without the
@@ -69,7 +65,7 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                       "contexts 1024 and 2048"),
     "mamba": _row(vllm=NO_MAMBA_KERNEL, tp2=NO_MAMBA_KERNEL,
                   note="state-space model; its convolution, A and D stay float32, as in the file"),
-    "lfm2": _row(vllm=LFM2_DIFFERS, tp2=LFM2_DIFFERS, note="short convolutions stay float32, as in the file"),
+    "lfm2": _row(note="short convolutions stay float32, as in the file" + VLLM_OWN),
     "qwen2moe": _row(note="MoE with a shared expert"),
     "qwen3moe": _row(note="MoE"),
     "gpt-oss": _row(note="MoE; expert biases, attention sinks"),
@@ -93,7 +89,12 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "olmoe": _row(note=_OWN + "; MoE"),
     "granite": _row(note=_OWN + "; Granite 3: embedding, residual, attention and "
                                                     "logit multipliers"),
-    "granitemoe": _row(note=_OWN + "; MoE; the multipliers of granite"),
+    "granitemoe": _row(note=_OWN + "; MoE; the multipliers of granite; GraniteMoeShared's shared expert "
+                                  "(its gate and up joined back)"),
+    "granitehybrid": _row(note=_OWN + "; Granite 4.0-H (and Bamba): Mamba-2 layers (A, D, the convolution "
+                                      "and the gated norm in float32, as in the file) and attention layers "
+                                      "without rope, MoE with a shared expert (its gate and up joined back), "
+                                      "the multipliers of granite"),
     "ernie4_5": _row(note=_OWN),
     "ernie4_5-moe": _row(vllm=NO_CPU_BIASED_ROUTER, tp2=NO_CPU_BIASED_ROUTER,
                          note=_OWN + "; MoE with the correction bias, its first layer dense"),
@@ -106,9 +107,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "hunyuan-dense": _row(note=_OWN + "; Hunyuan dense (V1): q/k norms per head"),
     "mistral3": _row(note=_OWN + "; Ministral 3, Mistral Small 3.x (text): YaRN, queries scaled by "
                                  "position (Llama 4's beta)"),
-    "phimoe": _row(vllm=PHIMOE_DIFFERS, tp2=PHIMOE_DIFFERS,
-                   note=_OWN + "; Phi-3.5-MoE: LongRoPE with llama.cpp's attention factor (its GGUF "
-                               "files: 1.190; its config.json: 1.243)"),
+    "phimoe": _row(note=_OWN + "; Phi-3.5-MoE: LongRoPE with llama.cpp's attention factor (its GGUF "
+                               "files: 1.190; its config.json: 1.243)" + VLLM_OWN),
     "exaone-moe": _row(note=_OWN + "; K-EXAONE: MoE with DeepSeek-V3's routing, sliding-window layers"),
     "afmoe": _row(note=_OWN + "; Arcee Trinity: MoE, sigmoid routing with its correction bias, gated "
                               "attention, sliding-window layers, muP embedding scale"),

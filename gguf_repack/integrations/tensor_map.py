@@ -54,17 +54,23 @@ EXPERT_TENSOR = re.compile(r"blk\.(?P<block>\d+)\.ffn_(?P<role>gate|up|gate_up|d
 MLA_KV_B_PART = re.compile(r"blk\.(?P<block>\d+)\.attn_(?P<part>k|v)_b\.weight")
 
 
-# Qwen3-Next's in_proj_qkvz (gguf-py's ssm_in), which llama.cpp's converter writes as attn_qkv
-# (every key head's queries, then keys, then values) and attn_gate (z): the model's rows per key
-# head, [q, k, v, z], rejoined by `qkvz_order`
-QKVZ_PART = re.compile(r"blk\.(?P<block>\d+)\.attn_(?P<part>qkv|gate)\.weight")
+# parameters llama.cpp's converter splits by rows into GGUF tensors of their own, by the end of
+# the parameter's name: its parts in the parameter's row order, by the part of the GGUF name that
+# names them. Qwen3-Next's in_proj_qkvz (gguf-py's ssm_in): attn_qkv (every key head's queries,
+# then keys, then values) and attn_gate (z), whose rows per key head, [q, k, v, z], `qkvz_order`
+# gives back; Granite's shared expert's input_linear: ffn_gate_shexp's rows, then ffn_up_shexp's
+ROW_PARTS = {"in_proj_qkvz.weight": ("attn_qkv", "attn_gate"),
+             "shared_mlp.input_linear.weight": ("ffn_gate_shexp", "ffn_up_shexp")}
+ROW_PART = re.compile(r"blk\.(?P<block>\d+)\.(?P<part>attn_qkv|attn_gate|ffn_gate_shexp|ffn_up_shexp)"
+                      r"\.weight")
 
 
-def qkvz_part(gguf_name: str, hf_name: str) -> str | None:
-    """"qkv" or "gate" where the GGUF tensor is a part of Qwen3-Next's in_proj_qkvz (and not
-    another architecture's attn_qkv, which is a parameter of its own), else None."""
-    m = QKVZ_PART.fullmatch(gguf_name)
-    return m["part"] if m and hf_name.endswith("in_proj_qkvz.weight") else None
+def row_part(gguf_name: str, hf_name: str) -> str | None:
+    """The part's name where the GGUF tensor is a part of a parameter ROW_PARTS names (and not
+    another architecture's attn_qkv, a parameter of its own), else None."""
+    m = ROW_PART.fullmatch(gguf_name)
+    parts = next((parts for end, parts in ROW_PARTS.items() if hf_name.endswith(end)), ())
+    return m["part"] if m and m["part"] in parts else None
 
 
 def qkvz_order(config: dict) -> torch.Tensor:
@@ -83,22 +89,25 @@ def qkvz_order(config: dict) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def qkvz_from_parts(hf_name: str, found: dict, mapping: "TensorMapping", dtype):
-    """Qwen3-Next's in_proj_qkvz weight from llama.cpp's attn_qkv and attn_gate, `found` =
-    {"qkv": (GGUF name, tensor), "gate": ...}: (weight, dequantized GGUF names). Quantized parts
-    of one type are joined exactly (a QTensor: rows joined, then reordered); float parts are
-    joined as floats; parts of two types (llama-quantize's Q4_K_M gives attn_qkv Q5_K and
-    attn_gate Q4_K) are held dequantized, named in the second value."""
-    if set(found) != {"qkv", "gate"}:
-        raise FormatError(f"{hf_name}: the file has {sorted(found)} of it, not both parts "
-                          f"(attn_qkv and attn_gate make Qwen3-Next's in_proj_qkvz)")
-    order = qkvz_order(mapping.config)
-    qkv, gate = found["qkv"][1], found["gate"][1]
-    if isinstance(qkv, QTensor) and isinstance(gate, QTensor) and qkv.qtype is gate.qtype:
-        return join_rows([qkv, gate]).index_rows(order), []
-    quantized = [name for name, t in (found["qkv"], found["gate"]) if isinstance(t, QTensor)]
-    values = [t.dequantize(torch.float32) if isinstance(t, QTensor) else t.float() for t in (qkv, gate)]
-    return torch.cat(values)[order].to(dtype), quantized
+def joined_from_parts(hf_name: str, found: dict, mapping: "TensorMapping", dtype):
+    """A ROW_PARTS parameter from its GGUF parts, `found` = {part: (GGUF name, tensor)}:
+    (weight, dequantized GGUF names). Quantized parts of one type are joined exactly (a QTensor:
+    rows joined, then reordered where the model's order differs: Qwen3-Next's); float parts are
+    joined as floats; parts of two types (llama-quantize's Q4_K_M gives Qwen3-Next's attn_qkv
+    Q5_K and attn_gate Q4_K) are held dequantized, named in the second value."""
+    parts = next(parts for end, parts in ROW_PARTS.items() if hf_name.endswith(end))
+    if set(found) != set(parts):
+        raise FormatError(f"{hf_name}: the file has {sorted(found)} of it, not all of "
+                          f"{', '.join(parts)}, which make it")
+    order = qkvz_order(mapping.config) if hf_name.endswith("in_proj_qkvz.weight") else None
+    tensors = [found[part][1] for part in parts]
+    if all(isinstance(t, QTensor) for t in tensors) and len({t.qtype for t in tensors}) == 1:
+        joined = join_rows(tensors)
+        return (joined if order is None else joined.index_rows(order)), []
+    quantized = [found[part][0] for part in parts if isinstance(found[part][1], QTensor)]
+    values = torch.cat([t.dequantize(torch.float32) if isinstance(t, QTensor) else t.float()
+                        for t in tensors])
+    return (values if order is None else values[order]).to(dtype), quantized
 
 
 def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
@@ -150,8 +159,8 @@ def skip_reason(gguf_name: str, config: dict | None = None) -> str | None:
 # architectures outside transformers' GGUF mapping whose tensors llama.cpp's converter changes
 # as it does another's, by the architecture whose transformers fix undoes it: llama's Q/K rows
 # permuted for its rope (LlamaModel's subclasses with undo_permute), Gemma's norms stored 1 + w
-SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "arcee": "llama", "smollm3": "llama",
-               "mistral3": "llama", "gemma": "gemma2"}
+SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "granitehybrid": "llama", "arcee": "llama",
+               "smollm3": "llama", "mistral3": "llama", "gemma": "gemma2"}
 
 
 # parameters llama.cpp's converter renames before it maps the name, as (the parameter's name, the
@@ -160,10 +169,14 @@ CONVERTER_RENAMES = [(r"\.dt_bias$", ".dt_proj.bias")]
 
 
 # parameters llama.cpp's converter names by hand, past gguf-py's map, per architecture: (the
-# parameter's name, the GGUF name): Gemma 4's router input scale and per-expert output scale
+# parameter's name, its GGUF names): Gemma 4's router input scale and per-expert output scale;
+# Granite's shared expert's input_linear, written as two tensors (ROW_PARTS)
+_SHARED_INPUT = (r"model\.layers\.(\d+)\.shared_mlp\.input_linear\.weight",
+                 (r"blk.\1.ffn_gate_shexp.weight", r"blk.\1.ffn_up_shexp.weight"))
 CONVERTER_NAMES = {"gemma4": [
-    (r"model\.layers\.(\d+)\.router\.scale", r"blk.\1.ffn_gate_inp.scale"),
-    (r"model\.layers\.(\d+)\.router\.per_expert_scale", r"blk.\1.ffn_down_exps.scale")]}
+    (r"model\.layers\.(\d+)\.router\.scale", (r"blk.\1.ffn_gate_inp.scale",)),
+    (r"model\.layers\.(\d+)\.router\.per_expert_scale", (r"blk.\1.ffn_down_exps.scale",))],
+    "granitehybrid": [_SHARED_INPUT], "granitemoe": [_SHARED_INPUT]}
 
 
 def tensor_processor(gguf_arch: str, config: dict):
@@ -171,7 +184,28 @@ def tensor_processor(gguf_arch: str, config: dict):
 
     if gguf_arch in QWEN_DELTA_NET:
         return _qwen_delta_net_processor(TensorProcessor)(config=config)
-    return TENSOR_PROCESSORS.get(SAME_FIX_AS.get(gguf_arch, gguf_arch), TensorProcessor)(config=config)
+    base = TENSOR_PROCESSORS.get(SAME_FIX_AS.get(gguf_arch, gguf_arch), TensorProcessor)
+    if gguf_arch in MAMBA2:
+        return _mamba2_processor(base)(config=config)
+    return base(config=config)
+
+
+# llama.cpp's architectures with Mamba-2 layers, whose converter stores A_log as ssm_a = -exp(A_log)
+MAMBA2 = ("granitehybrid",)
+
+
+def _mamba2_processor(base):
+    """`base` (the architecture's own processor: llama's Q/K rows for Granite) with Mamba-2's
+    ssm_a = -exp(A_log) undone."""
+    from transformers.modeling_gguf_pytorch_utils import GGUFTensor
+
+    class Mamba2Processor(base):
+        def process(self, weights, name, **kwargs):
+            if re.fullmatch(r"blk\.\d+\.ssm_a", name):
+                return GGUFTensor(np.log(-weights), name, {})
+            return super().process(weights, name, **kwargs)
+
+    return Mamba2Processor
 
 
 # llama.cpp's architectures of Qwen's gated delta-net models, whose converter changes values and
@@ -212,9 +246,10 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
     names: dict[str, str] = {}
     by_hand = CONVERTER_NAMES.get(gguf_arch, [])
     for hf_name in model.state_dict(keep_vars=True):
-        if gguf_name := next((re.sub(pattern, target, hf_name) for pattern, target in by_hand
-                              if re.fullmatch(pattern, hf_name)), None):
-            names.setdefault(gguf_name, hf_name)
+        if targets := next((targets for pattern, targets in by_hand if re.fullmatch(pattern, hf_name)), None):
+            pattern = next(pattern for pattern, t in by_hand if t is targets)
+            for target in targets:
+                names.setdefault(re.sub(pattern, target, hf_name), hf_name)
             continue
         # transformers also tries each submodule with its own prefix dropped (a GGUF converted
         # from the base model); the outer name wins. gguf-py's map knows the names of the
@@ -404,7 +439,8 @@ class TensorMapping:
         hf_names = gguf_to_hf_names(model, arch, self.processor)
         for name in repacked:
             joined = (f"blk.{m['block']}.attn_kv_b.weight" if (m := MLA_KV_B_PART.fullmatch(name)) else
-                      f"blk.{m['block']}.ssm_in.weight" if (m := QKVZ_PART.fullmatch(name)) else None)
+                      f"blk.{m['block']}.ssm_in.weight" if (m := ROW_PART.fullmatch(name))
+                      and m["part"].startswith("attn_") else None)
             if joined in hf_names and joined not in repacked and name not in hf_names:
                 hf_names[name] = hf_names[joined]  # (the file has the parts, not the joined one)
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
@@ -437,9 +473,11 @@ class TensorMapping:
             tensor = tensor[..., columns]
         tensor = process_plain(self.processor, gguf_name, tensor.float()).to(dtype)
         shape = self._shapes.get(gguf_name)
-        if shape and tuple(tensor.shape) != shape and _squeezed(tensor.shape) == _squeezed(shape):
+        if shape and tuple(tensor.shape) != shape and (_squeezed(tensor.shape) == _squeezed(shape) or
+                                                        (len(shape) == 1 and tensor.numel() == shape[0])):
             # the same values with a unit dimension more or less (llama.cpp writes Qwen2-MoE's
-            # shared-expert gate [1, hidden] as [1, 1, hidden] in torch order)
+            # shared-expert gate [1, hidden] as [1, 1, hidden] in torch order), or a vector
+            # the converter stored as rows (Mamba-2's gated norm, one row per group)
             tensor = tensor.reshape(shape)
         return tensor
 

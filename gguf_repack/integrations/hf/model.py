@@ -22,10 +22,10 @@ from gguf_repack.integrations.tensor_map import (
     EXPERT_TENSOR,
     MLA_KV_B_PART,
     TensorMapping,
+    joined_from_parts,
     kv_b_from_parts,
     meta_model,
-    qkvz_from_parts,
-    qkvz_part,
+    row_part,
     without_quantization_config,
 )
 from gguf_repack.runtime.loader import RepackedModel, load
@@ -99,7 +99,7 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
     mapping = TensorMapping(meta_model(model.config) if plain_only else model, repacked)
     expert_stacks: dict[str, dict[str, QTensor]] = {}  # experts module -> {gate, up, down}
     kv_b_parts: dict[str, dict[str, QTensor | torch.Tensor]] = {}  # MLA kv_b_proj -> {k, v}
-    qkvz_parts: dict[str, dict[str, QTensor | torch.Tensor]] = {}  # in_proj_qkvz -> {qkv, gate}
+    row_parts: dict[str, dict[str, QTensor | torch.Tensor]] = {}  # a ROW_PARTS parameter -> {part: ...}
     dequantized: list[str] = []
     reordered: list[str] = []
     for gguf_name, hf_name in mapping.names:
@@ -109,8 +109,8 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
         role = EXPERT_TENSOR.fullmatch(gguf_name)
         if part := MLA_KV_B_PART.fullmatch(gguf_name):
             kv_b_parts.setdefault(hf_name, {})[part["part"]] = (gguf_name, tensor)
-        elif part := qkvz_part(gguf_name, hf_name):
-            qkvz_parts.setdefault(hf_name, {})[part] = (gguf_name, tensor)
+        elif part := row_part(gguf_name, hf_name):
+            row_parts.setdefault(hf_name, {})[part] = (gguf_name, tensor)
         elif role and len(tensor.shape) == (3 if role["kind"] == "weight" else 2):
             # an expert stack or its biases: placed with its module's others
             if not plain_only:
@@ -137,12 +137,12 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
             _place_quantized(model, module_name, module, param, gguf_name, weight, dtype, backend)
     joined = _place_kv_b(model, kv_b_parts, mapping, dtype)
     if not plain_only:
-        for hf_name, found in qkvz_parts.items():
-            weight, dequantized_parts = qkvz_from_parts(hf_name, found, mapping, dtype)
+        for hf_name, found in row_parts.items():
+            weight, dequantized_parts = joined_from_parts(hf_name, found, mapping, dtype)
             module_name, _, param = hf_name.rpartition(".")
             if isinstance(weight, QTensor):
                 _place_quantized(model, module_name, model.get_submodule(module_name), param,
-                                 found["qkv"][0], weight, dtype, backend)
+                                 min(name for name, _ in found.values()), weight, dtype, backend)
             else:
                 _place_plain(model.get_submodule(module_name), param, hf_name, weight)
                 reordered += dequantized_parts
@@ -155,8 +155,9 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
     if reordered:
         warnings.warn(f"gguf_repack: {len(reordered)} quantized tensors are held dequantized: "
                       f"llama.cpp's converter split or reordered them so that no order of whole "
-                      f"blocks of one type undoes it (Qwen3.5's ssm_out in K-quants, Qwen3-Next's "
-                      f"attn_qkv and attn_gate of two types): {', '.join(reordered)}", stacklevel=3)
+                      f"blocks of one type undoes it (Qwen3.5's ssm_out in K-quants; Qwen3-Next's "
+                      f"attn_qkv and attn_gate, Granite's shared expert's gate and up, of two "
+                      f"types): {', '.join(reordered)}", stacklevel=3)
     if joined:
         warnings.warn(f"gguf_repack: {len(joined)} quantized MLA kv_b_proj weights are held "
                       f"dequantized: llama.cpp stores their key rows transposed (attn_k_b), "
@@ -274,7 +275,8 @@ EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeEx
                   "Ernie4_5_MoeExperts": False, "MiniMaxM2Experts": False, "Llama4TextExperts": False,
                   "ExaoneMoeExperts": False, "PhimoeExperts": False,
                   "AfmoeExperts": False, "Qwen3NextExperts": False, "Qwen3_5MoeExperts": False,
-                  "Gemma4TextExperts": False}
+                  "Gemma4TextExperts": False, "GraniteMoeHybridExperts": False,
+                  "GraniteMoeSharedExperts": False}
 # experts modules called on every token for every expert (E * T rows, the router's weight
 # applied to the input already): forward(hidden_states) alone
 EVERY_EXPERT_MODULES = {"Llama4TextExperts"}

@@ -30,7 +30,7 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from gguf_repack.format.manifest import FORMAT_VERSION, QUANT_METHOD, check_quantization_config
 from gguf_repack.format.type_table import TYPES_BY_NAME, GGMLType
-from gguf_repack.integrations.tensor_map import MLA_KV_B_PART, qkvz_part
+from gguf_repack.integrations.tensor_map import MLA_KV_B_PART, row_part
 from gguf_repack.runtime.qtensor import QTensor, plane_torch_dtype
 
 from .names import PLANE, decoder_layer, mapping_for
@@ -146,7 +146,7 @@ class GgufRepackVllmConfig(QuantizationConfig):
             self._types, self._rows = {}, {}
             for gguf, hf in mapping.names:
                 kind = "F32" if MLA_KV_B_PART.fullmatch(gguf) else repacked.record(gguf).type
-                if qkvz_part(gguf, hf) and self._types.get(hf, kind) != kind:
+                if row_part(gguf, hf) and self._types.get(hf, kind) != kind:
                     kind = "F32"
                 self._types[hf] = kind
                 shape = repacked.record(gguf).shape

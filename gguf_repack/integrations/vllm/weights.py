@@ -27,9 +27,9 @@ from gguf_repack.integrations.tensor_map import (
     EXPERT_TENSOR,
     MLA_KV_B_PART,
     checkpoint_renames,
+    joined_from_parts,
     kv_b_from_parts,
-    qkvz_from_parts,
-    qkvz_part,
+    row_part,
 )
 from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
@@ -58,7 +58,7 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
     counts = {} if counts is None else counts
     counts.update(read=0, tensors=len(mapping.names))
     kv_b_parts: dict[str, dict] = {}  # MLA kv_b_proj -> {k, v}: one float weight once both came
-    qkvz_parts: dict[str, dict] = {}  # Qwen3-Next's in_proj_qkvz -> {qkv, gate}: joined once both came
+    row_parts: dict[str, dict] = {}  # a ROW_PARTS parameter -> {part: ...}: joined once all came
     for gguf_name, hf_name in mapping.names:
         if not wanted(hf_name):
             continue
@@ -72,11 +72,11 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
                 counts.setdefault("float", []).extend(quantized)
                 yield hf_name, weight
             continue
-        if part := qkvz_part(gguf_name, hf_name):
-            found = qkvz_parts.setdefault(hf_name, {})
+        if part := row_part(gguf_name, hf_name):
+            found = row_parts.setdefault(hf_name, {})
             found[part] = (gguf_name, tensor)
             if len(found) == 2:
-                weight, dequantized = qkvz_from_parts(hf_name, qkvz_parts.pop(hf_name), mapping,
+                weight, dequantized = joined_from_parts(hf_name, row_parts.pop(hf_name), mapping,
                                                       torch.float32)
                 if isinstance(weight, QTensor):
                     yield from _planes(hf_name, weight, row_order)
@@ -101,8 +101,8 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             yield hf_name, mapping.plain(gguf_name, tensor, torch.float32)
     for hf_name, found in kv_b_parts.items():  # a part without its other half: the error
         kv_b_from_parts(hf_name, found, mapping, torch.float32)
-    for hf_name, found in qkvz_parts.items():
-        qkvz_from_parts(hf_name, found, mapping, torch.float32)
+    for hf_name, found in row_parts.items():
+        joined_from_parts(hf_name, found, mapping, torch.float32)
 
 
 def _planes(hf_name: str, weight: QTensor, row_order) -> Iterator[tuple[str, torch.Tensor]]:
