@@ -296,6 +296,8 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                            "partial_rotary_factor": 0.5}), "glm"),
     "olmo2": ("olmo2", dict(_SMALL, tie_word_embeddings=False), "bpe"),
+    # Olmo 3: OLMo 2 with three sliding-window layers to one global (llama.cpp: olmo2 with a window)
+    "olmo3": ("olmo3", dict(_SMALL, num_hidden_layers=4, sliding_window=8, tie_word_embeddings=False), "bpe"),
     "olmoe": ("olmoe", dict(_SMALL, num_experts=4, num_experts_per_tok=2, intermediate_size=64,
                             tie_word_embeddings=False), "bpe"),
     # Granite 3: embedding, residual, attention and logit multipliers

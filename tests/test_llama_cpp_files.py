@@ -75,6 +75,7 @@ def table_row(name: str) -> str:
     model_type = MODELS[name][0]
     return {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
             "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe", "granitemoeshared": "granitemoe",
+            "olmo3": "olmo2",
             **{spec.model_type: arch for arch, spec in ARCHS.items()}}.get(model_type, model_type)
 
 
@@ -373,14 +374,37 @@ VLLM_ARCHS = sorted({table_row(name) for name, _ in VLLM_PAIRS
                      if ARCHITECTURES[table_row(name)]["vllm"] == TESTED} - {"llama", "gemma3"})
 
 
+@pytest.fixture(scope="module")
+def own_reference_pairs(made, module_tmp):
+    """(vLLM's own reference, our output directory) of each VLLM_OWN_REFERENCE model: the
+    checkpoint and the float file's; that checkpoint with every weight the Q8_0 file quantizes
+    replaced by gguf-py's Q8_0 round trip, and the Q8_0 file's."""
+    pairs = []
+    for name in sorted(VLLM_OWN_REFERENCE):
+        pairs.append((hf_model_dir(name), made(name, "f32")[1]))
+        src, q8_0_out, _ = made(name, "q8_0")
+        round_trip = module_tmp(f"{name}-q8_0-round-trip")
+        save_checkpoint(name, q8_0_reference(name, src)[0], round_trip)
+        pairs.append((round_trip, q8_0_out))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def vllm_float32_results(made, own_reference_pairs, vllm_python):  # noqa: F811
+    """Every float32 run of this module at one rank, in one vLLM start: VLLM_PAIRS' outputs and
+    the own-reference pairs."""
+    dirs = [window_as_vllm_counts(made(*pair)[1]) for pair in VLLM_PAIRS]
+    dirs += [d for pair in own_reference_pairs for d in pair]
+    return run_vllm_many(vllm_python, dirs, prompts=VLLM_PROMPTS, max_tokens=8)
+
+
 @pytest.mark.slow
 @pytest.mark.architecture("vllm", *VLLM_ARCHS)  # llama and gemma3: the real files, test_vllm.py
-def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_python):  # noqa: F811
+def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_float32_results):
     from gguf_repack.hf import load_model
 
     outs = {pair: made(*pair)[1] for pair in VLLM_PAIRS}
-    results = run_vllm_many(vllm_python, [window_as_vllm_counts(out) for out in outs.values()],
-                            prompts=VLLM_PROMPTS, max_tokens=8)
+    results = vllm_float32_results
     wrong = {}
     for (name, outtype), out in outs.items():
         # the reference: transformers' model of the same weights (Q8_0: ours, which the Q8_0
@@ -576,26 +600,21 @@ def test_qwen3next_qkvz_parts_of_two_types_are_held_dequantized(made, tmp_path):
 @pytest.mark.slow
 @pytest.mark.architecture("vllm", *sorted(VLLM_OWN_REFERENCE))
 @pytest.mark.architecture("tp2", *sorted(VLLM_OWN_REFERENCE))
-def test_models_vllm_computes_otherwise_give_vllms_own_tokens(made, vllm_python, module_tmp):  # noqa: F811
+def test_models_vllm_computes_otherwise_give_vllms_own_tokens(own_reference_pairs, vllm_float32_results,
+                                                              vllm_python):  # noqa: F811
     """vLLM's LFM2 and PhiMoE give other tokens than transformers' on the float checkpoints
     themselves, without the plugin. So their reference is vLLM's own model: on the checkpoint
     each file was made from (the float file), and on that checkpoint with every weight the Q8_0
     file quantizes replaced by gguf-py's Q8_0 round trip (the Q8_0 file): the same tokens, at
-    float32, at TP 1 and 2."""
-    pairs = []
-    for name in sorted(VLLM_OWN_REFERENCE):
-        pairs.append((hf_model_dir(name), made(name, "f32")[1]))
-        src, q8_0_out, _ = made(name, "q8_0")
-        round_trip = module_tmp(f"{name}-q8_0-round-trip")
-        save_checkpoint(name, q8_0_reference(name, src)[0], round_trip)
-        pairs.append((round_trip, q8_0_out))
-    for tp in (1, 2):
-        results = run_vllm_many(vllm_python, [d for pair in pairs for d in pair], prompts=VLLM_PROMPTS,
-                                max_tokens=8, tp=tp)
+    float32; at TP 1 both, at TP 2 the Q8_0 files (their quantized planes split by rank)."""
+    q8_0 = own_reference_pairs[1::2]
+    tp2 = run_vllm_many(vllm_python, [d for pair in q8_0 for d in pair], prompts=VLLM_PROMPTS,
+                        max_tokens=8, tp=2)
+    for results, pairs in ((vllm_float32_results, own_reference_pairs), (tp2, q8_0)):
         for checkpoint, out in pairs:
             own = results[str(checkpoint)]
             assert results[str(out)]["prompt_token_ids"] == own["prompt_token_ids"]
-            assert results[str(out)]["token_ids"] == own["token_ids"], (out, tp)
+            assert results[str(out)]["token_ids"] == own["token_ids"], (out, results is tp2)
 
 
 @pytest.mark.slow

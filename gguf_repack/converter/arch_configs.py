@@ -44,6 +44,9 @@ class ArchConfig:
     partial_rope: bool = False
     # more fields from (get, tensor_names), for what a table cannot say
     details: Callable[[Callable, set], dict] | None = None
+    # the model type of a variant llama.cpp writes under this architecture's name, from (get,
+    # tensor_names), or None for model_type's (Olmo 3 is olmo2 with a sliding window)
+    variant: Callable[[Callable, set], str | None] | None = None
 
 
 def _ernie_moe(get, tensor_names) -> dict:
@@ -75,13 +78,15 @@ def _llama4(get, tensor_names) -> dict:
             "floor_scale": 8192, "attn_scale": 0.1, "use_qk_norm": int(get("expert_count") or 0) != 128}
 
 
-def _granitemoe(get, tensor_names) -> dict:
+def _granitemoe_shared(get, tensor_names) -> str | None:
     # GraniteMoeShared: GraniteMoe with a shared expert (ffn_*_shexp, gate and up joined back:
     # tensor_map.ROW_PARTS), a class of its own in transformers and vLLM
-    if not any_block_has(tensor_names, "ffn_up_shexp.weight"):
-        return {}
-    return {"model_type": "granitemoeshared",
-            "shared_intermediate_size": int(get("expert_shared_feed_forward_length"))}
+    return "granitemoeshared" if any_block_has(tensor_names, "ffn_up_shexp.weight") else None
+
+
+def _olmo3(get, tensor_names) -> str | None:
+    # Olmo 3: llama.cpp writes it as olmo2 with a sliding window (three layers to one global)
+    return "olmo3" if get("attention.sliding_window") else None
 
 
 def _phimoe(get, tensor_names) -> dict:
@@ -222,13 +227,16 @@ ARCHS: dict[str, ArchConfig] = {
     "cohere2": ArchConfig("cohere2", {**_COHERE, "attention.sliding_window": "sliding_window"}, swa_period=4),
     # GLM-4-0414: half of each head rotated, post-norms, gate and up in one tensor
     "glm4": ArchConfig("glm4", partial_rope=True),
-    "olmo2": ArchConfig("olmo2"),
+    # OLMo 2, and Olmo 3 (its sliding-window layers: the same with a window)
+    "olmo2": ArchConfig("olmo2", {"attention.sliding_window": "sliding_window"}, swa_period=4,
+                        variant=_olmo3),
     # OLMoE: llama.cpp leaves the chosen experts' weights as the softmax gave them
     "olmoe": ArchConfig("olmoe", fixed={"norm_topk_prob": False}),
     "granite": ArchConfig("granite", _GRANITE),
     # (and GraniteMoeShared: with a shared expert)
-    "granitemoe": ArchConfig("granitemoe", {**_GRANITE, "expert_count": "num_local_experts"},
-                             details=_granitemoe),
+    "granitemoe": ArchConfig("granitemoe", {**_GRANITE, "expert_count": "num_local_experts",
+                                            "expert_shared_feed_forward_length": "shared_intermediate_size"},
+                             variant=_granitemoe_shared),
     # Granite 4.0-H: Mamba-2 layers and (position-free) attention layers, MoE with a shared
     # expert (whose gate and up llama.cpp splits in two: tensor_map.ROW_PARTS), Granite's
     # multipliers
@@ -327,10 +335,11 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
     for key in ("block_count", "attention.head_count", "embedding_length"):
         if get(key) is None:
             raise ValueError(f"no {arch}.{key}")
+    model_type = (spec.variant and spec.variant(get, tensor_names)) or spec.model_type
     table = {**COMMON_FIELDS, **spec.fields}
     fields = {name: get(key) for key, name in table.items() if name and get(key) is not None}
     fields.update(spec.fixed)
-    defaults = CONFIG_MAPPING[spec.model_type]()  # (the class's fields, and its rope base)
+    defaults = CONFIG_MAPPING[model_type]()  # (the class's fields, and its rope base)
     known = set(defaults.to_dict())
     if (tokens := get_key("tokenizer.ggml.tokens")) is not None:
         fields["vocab_size"] = len(tokens)  # (the embedding's rows; not every converter writes it)
@@ -351,7 +360,7 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
     if rope_dim != head_dim:
         if not spec.partial_rope:
             raise ValueError(f"rope over {rope_dim} of each head's {head_dim}: transformers' "
-                             f"{spec.model_type} rotates the whole head")
+                             f"{model_type} rotates the whole head")
         rope["partial_rotary_factor"] = rope_dim / head_dim
     fields["rope_parameters"] = rope  # (complete_config sets the scaling, as for every architecture)
     if "layer_types" in known:
@@ -368,11 +377,9 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
         if len(pattern) != layers:
             raise ValueError(f"a sliding-window pattern of {len(pattern)} layers for {layers}")
         fields["layer_types"] = ["sliding_attention" if swa else "full_attention" for swa in pattern]
-    model_type = spec.model_type
     if spec.details:
         details = spec.details(get, tensor_names)
         fields["rope_parameters"].update(details.pop("rope_parameters", {}))
-        model_type = details.pop("model_type", model_type)  # (a variant's class: GraniteMoeShared)
         fields.update(details)
     if "vocab_size_per_layer_input" in known and fields.get("hidden_size_per_layer_input"):
         # (Gemma 4's per-layer input embeddings: one row per token, as the token embedding;

@@ -85,7 +85,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                               "(transformers and llama.cpp: the window), so its vLLM tests give it the "
                               "window less one"),
     "glm4": _row(note=_OWN + "; GLM-4-0414: partial rope, q/k/v biases, post-norms"),
-    "olmo2": _row(note=_OWN + "; q/k norms over the whole projection"),
+    "olmo2": _row(note=_OWN + "; q/k norms over the whole projection; Olmo 3, which llama.cpp writes "
+                              "as olmo2 with a sliding window: three sliding-window layers to one global"),
     "olmoe": _row(note=_OWN + "; MoE"),
     "granite": _row(note=_OWN + "; Granite 3: embedding, residual, attention and "
                                                     "logit multipliers"),
