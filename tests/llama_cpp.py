@@ -361,6 +361,12 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                             route_scale=2.0, route_norm=True, score_func="sigmoid", n_group=1, topk_group=1,
                             sliding_window=8, global_attn_every_n_layers=4, mup_enabled=True,
                             pad_token_id=2), "bpe"),
+    # dots.llm1: DeepSeek-V3's routing (sigmoid scores with the correction bias, normalized
+    # and scaled), a shared expert, the first layer dense, q/k norms
+    "dots1": ("dots1", dict(_SMALL, head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+                            n_shared_experts=1, moe_intermediate_size=64, first_k_dense_replace=1,
+                            norm_topk_prob=True,
+                            routed_scaling_factor=2.5, n_group=1, topk_group=1), "bpe"),
     # Hunyuan dense (V1): q/k norms per head
     "hunyuan-dense": ("hunyuan_v1_dense", dict(_SMALL, head_dim=32, pad_token_id=2), "bpe"),
     # Qwen3-Next: gated delta-net layers (two key heads, four value heads), gated attention,
@@ -572,7 +578,7 @@ CHECKPOINT_FIELDS = {"phimoe": {"architectures": ["PhiMoEForCausalLM"]},
 # by `architectures`; model_type reaches only transformers' AutoTokenizer there)
 TOKENIZER_MODEL_TYPE = {"qwen35moe": "qwen3_5_text"}
 # models whose routers' score-correction bias (a buffer, zero at init) is random too
-RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe"}
+RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe", "dots1"}
 
 
 def _random_like(p: torch.Tensor) -> torch.Tensor:

@@ -259,6 +259,14 @@ ARCHS: dict[str, ArchConfig] = {
     # Arcee AFM: ReLU^2, no gate
     "arcee": ArchConfig("arcee"),
     "seed_oss": ArchConfig("seed_oss"),
+    # dots.llm1: DeepSeek-V3's routing (llama.cpp fixes sigmoid scores; the correction bias,
+    # groups, normalized and scaled weights), shared experts, leading dense layers, q/k norms
+    "dots1": ArchConfig("dots1", {"expert_count": "n_routed_experts",
+                                  "expert_shared_count": "n_shared_experts",
+                                  "leading_dense_block_count": "first_k_dense_replace",
+                                  "expert_weights_scale": "routed_scaling_factor",
+                                  "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group",
+                                  "expert_group_used_count": "topk_group"}),
     # Hunyuan dense (V1): q/k norms per head
     "hunyuan-dense": ArchConfig("hunyuan_v1_dense"),
     # Gemma (1): llama.cpp stores the norms as 1 + w, as for Gemma 2 and 3

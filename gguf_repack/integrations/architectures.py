@@ -32,6 +32,8 @@ VLLM_OWN = "; vLLM: against vLLM's own model on the checkpoint (it differs from 
 # leaves the bias out (checked 2026-12-04): MiniMax-M2 stops, ERNIE-4.5-MoE routes otherwise
 NO_CPU_BIASED_ROUTER = ("untestable here: vLLM's CPU router takes sigmoid scores and the correction bias "
                         "only with expert groups")
+NO_VLLM_DOTS1 = ("not done: vLLM 0.32 has no Dots1 model (removed after 0.23), and its Transformers "
+                 "backend does not load this MoE's router")
 NOT_CONVERTED = "not run yet: no tiny model of it in tests/llama_cpp.py"
 _OWN = "config.json from the metadata (transformers maps none)"
 # transformers 5.19 and later map Qwen3.5's config from GGUF (its GGUF_CONFIG_ARCHS), without the
@@ -105,6 +107,12 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "arcee": _row(note=_OWN + "; Arcee AFM: ReLU^2 MLP"),
     "seed_oss": _row(note=_OWN + "; Seed-OSS: q/k/v biases"),
     "gemma": _row(note=_OWN + "; Gemma (1)"),
+    # vLLM removed its Dots1 model after 0.23 (its registry's _PREVIOUSLY_SUPPORTED_MODELS); its
+    # Transformers backend then looks for the router's weight as mlp.experts.gate.weight, which
+    # no checkpoint name gives it (checked 2026-12-05, vLLM 0.32 CPU build)
+    "dots1": _row(vllm=NO_VLLM_DOTS1, tp2=NO_VLLM_DOTS1,
+                  note=_OWN + "; dots.llm1: MoE with DeepSeek-V3's routing (sigmoid, correction bias), "
+                              "a shared expert, the first layer dense, q/k norms"),
     "hunyuan-dense": _row(note=_OWN + "; Hunyuan dense (V1): q/k norms per head"),
     "mistral3": _row(note=_OWN + "; Ministral 3, Mistral Small 3.x (text): YaRN, queries scaled by "
                                  "position (Llama 4's beta)"),
