@@ -246,8 +246,8 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
     names: dict[str, str] = {}
     by_hand = CONVERTER_NAMES.get(gguf_arch, [])
     for hf_name in model.state_dict(keep_vars=True):
-        if targets := next((targets for pattern, targets in by_hand if re.fullmatch(pattern, hf_name)), None):
-            pattern = next(pattern for pattern, t in by_hand if t is targets)
+        if by_name := [(pattern, targets) for pattern, targets in by_hand if re.fullmatch(pattern, hf_name)]:
+            pattern, targets = by_name[0]
             for target in targets:
                 names.setdefault(re.sub(pattern, target, hf_name), hf_name)
             continue

@@ -142,7 +142,8 @@ class GgufRepackVllmConfig(QuantizationConfig):
             repacked = load(self.directory)
             mapping = mapping_for(repacked)
             # MLA's kv_b_proj is held in float, joined from llama.cpp's two parts (weights.py);
-            # Qwen3-Next's in_proj_qkvz has its parts' type where they have one (else float)
+            # a parameter llama.cpp splits by rows (ROW_PARTS: Qwen3-Next's in_proj_qkvz, Granite's
+            # shared input_linear) has its parts' type where they have one (else float)
             self._types, self._rows = {}, {}
             for gguf, hf in mapping.names:
                 kind = "F32" if MLA_KV_B_PART.fullmatch(gguf) else repacked.record(gguf).type
