@@ -198,6 +198,10 @@ def test_q8_0_file_gives_the_model_with_q8_0_weights(name, made):
     with torch.no_grad():
         kl = kl_per_position(ref(ids).logits[0], ours(ids).logits[0])
     assert kl.max().item() <= KL_Q8_0, kl.max().item()
+    # what the model holds (parameters, buffers) against the file's tensor bytes
+    held = sum(t.numel() * t.element_size() for t in [*ours.parameters(), *ours.buffers()])
+    source = sum(t["source"]["nbytes"] for t in json.loads((out / "manifest.json").read_text())["tensors"])
+    assert held <= 1.2 * source, (held / source)
 
 
 @pytest.mark.slow
