@@ -267,6 +267,10 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     "gpt2-ctx2048": ("gpt2", dict(n_embd=128, n_layer=2, n_head=4, n_positions=2048, n_ctx=2048), "bpe"),
     "mamba": ("mamba", dict(hidden_size=64, state_size=8, num_hidden_layers=2, expand=2,
                             conv_kernel=4, time_step_rank=8, tie_word_embeddings=True), "bpe"),
+    # Mamba-2: two groups (the gated norm stored as one row per group)
+    "mamba2": ("mamba2", dict(hidden_size=128, num_hidden_layers=2, num_heads=8, head_dim=32, n_groups=2,
+                              state_size=16, expand=2, conv_kernel=4, chunk_size=64,
+                              tie_word_embeddings=False), "bpe"),
     "lfm2": ("lfm2", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                           layer_types=["conv", "full_attention", "conv"], block_auto_adjust_ff_dim=False),

@@ -212,6 +212,17 @@ def _granite_hybrid(get, tensor_names) -> dict:
             "position_embedding_type": "rope" if get("rope.scaling.finetuned") else "nope"}
 
 
+def _mamba2(get, tensor_names) -> dict:
+    """Mamba-2 (Mamba-Codestral): its head width and expansion from the inner width."""
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    hidden = int(get("embedding_length"))
+    if inner % hidden or inner % heads:
+        raise ValueError(f"a Mamba-2 inner width of {inner} for a hidden size of {hidden} and {heads} heads")
+    return {"head_dim": inner // heads, "expand": inner // hidden,
+            "use_conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
+            "use_bias": any_block_has(tensor_names, "ssm_in.bias")}
+
+
 _QWEN35 = {"ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
            "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads"}
 
@@ -245,6 +256,12 @@ ARCHS: dict[str, ArchConfig] = {
         "expert_shared_feed_forward_length": "shared_intermediate_size", "ssm.conv_kernel": "mamba_d_conv",
         "ssm.state_size": "mamba_d_state", "ssm.group_count": "mamba_n_groups",
         "ssm.time_step_rank": "mamba_n_heads"}, details=_granite_hybrid),
+    # Mamba-2 (Mamba-Codestral): state-space layers only (llama.cpp writes 0 heads, 0 MLP width)
+    "mamba2": ArchConfig("mamba2", {"ssm.conv_kernel": "conv_kernel", "ssm.state_size": "state_size",
+                                    "ssm.group_count": "n_groups", "ssm.time_step_rank": "num_heads",
+                                    "attention.layer_norm_rms_epsilon": "layer_norm_epsilon",
+                                    "attention.head_count": None, "attention.head_count_kv": None,
+                                    "feed_forward_length": None}, details=_mamba2),
     "ernie4_5": ArchConfig("ernie4_5"),
     "ernie4_5-moe": ArchConfig("ernie4_5_moe", {"expert_count": "moe_num_experts",
                                                 "expert_used_count": "moe_k",
@@ -352,7 +369,7 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
     if (tokens := get_key("tokenizer.ggml.tokens")) is not None:
         fields["vocab_size"] = len(tokens)  # (the embedding's rows; not every converter writes it)
     heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
-    head_dim = int(get("attention.key_length") or hidden // heads)
+    head_dim = int(get("attention.key_length") or (hidden // heads if heads else 0))  # (0: Mamba-2)
     if "head_dim" in known:  # (class defaults differ: Gemma's 256, Arcee's 80)
         fields["head_dim"] = head_dim
     # what llama.cpp reads off the tensors the file has
@@ -361,16 +378,17 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
                          ("use_qk_norm", "attn_q_norm.weight")):
         if name in known:
             fields[name] = any_block_has(tensor_names, tensor)
-    own_rope = defaults.rope_parameters
-    own_rope = own_rope.get("full_attention", own_rope)  # (rope per layer kind: Gemma 4's)
-    rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base") or own_rope["rope_theta"])}
-    rope_dim = int(get("rope.dimension_count") or head_dim)
-    if rope_dim != head_dim:
-        if not spec.partial_rope:
-            raise ValueError(f"rope over {rope_dim} of each head's {head_dim}: transformers' "
-                             f"{model_type} rotates the whole head")
-        rope["partial_rotary_factor"] = rope_dim / head_dim
-    fields["rope_parameters"] = rope  # (complete_config sets the scaling, as for every architecture)
+    if "rope_parameters" in known:  # (not a state-space model's: Mamba-2 has no rope)
+        own_rope = defaults.rope_parameters
+        own_rope = own_rope.get("full_attention", own_rope)  # (rope per layer kind: Gemma 4's)
+        rope = {"rope_type": "default", "rope_theta": float(get("rope.freq_base") or own_rope["rope_theta"])}
+        rope_dim = int(get("rope.dimension_count") or head_dim)
+        if rope_dim != head_dim:
+            if not spec.partial_rope:
+                raise ValueError(f"rope over {rope_dim} of each head's {head_dim}: transformers' "
+                                 f"{model_type} rotates the whole head")
+            rope["partial_rotary_factor"] = rope_dim / head_dim
+        fields["rope_parameters"] = rope  # (complete_config sets the scaling, as for every architecture)
     if "layer_types" in known:
         layers = int(get("block_count"))
         pattern = get("attention.sliding_window_pattern")
@@ -387,7 +405,8 @@ def own_config(arch: str, get: Callable[[str], object], get_key: Callable[[str],
         fields["layer_types"] = ["sliding_attention" if swa else "full_attention" for swa in pattern]
     if spec.details:
         details = spec.details(get, tensor_names)
-        fields["rope_parameters"].update(details.pop("rope_parameters", {}))
+        if "rope_parameters" in details:
+            fields["rope_parameters"].update(details.pop("rope_parameters"))
         fields.update(details)
     if "vocab_size_per_layer_input" in known and fields.get("hidden_size_per_layer_input"):
         # (Gemma 4's per-layer input embeddings: one row per token, as the token embedding;

@@ -67,6 +67,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                       "contexts 1024 and 2048"),
     "mamba": _row(vllm=NO_MAMBA_KERNEL, tp2=NO_MAMBA_KERNEL,
                   note="state-space model; its convolution, A and D stay float32, as in the file"),
+    "mamba2": _row(note=_OWN + "; Mamba-2 (Mamba-Codestral): state-space layers, A, D, the "
+                               "convolution and the gated norm in float32, as in the file"),
     "lfm2": _row(note="short convolutions stay float32, as in the file" + VLLM_OWN),
     "qwen2moe": _row(note="MoE with a shared expert"),
     "qwen3moe": _row(note="MoE"),

@@ -191,7 +191,7 @@ def tensor_processor(gguf_arch: str, config: dict):
 
 
 # llama.cpp's architectures with Mamba-2 layers, whose converter stores A_log as ssm_a = -exp(A_log)
-MAMBA2 = ("granitehybrid",)
+MAMBA2 = ("granitehybrid", "mamba2")
 
 
 def _mamba2_processor(base):
