@@ -192,6 +192,18 @@ def _gemma4(get, tensor_names) -> dict:
     return config
 
 
+def _mamba2_shape(get, tensor_names) -> dict:
+    """A Mamba-2 mixer's widths as llama.cpp writes none of them: the expansion and head width
+    from the inner width, the biases from the tensors."""
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    hidden = int(get("embedding_length"))
+    if inner % hidden or inner % heads:
+        raise ValueError(f"a Mamba-2 inner width of {inner} for a hidden size of {hidden} and {heads} heads")
+    return {"expand": inner // hidden, "head_dim": inner // heads,
+            "conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
+            "proj_bias": any_block_has(tensor_names, "ssm_in.bias")}
+
+
 def _granite_hybrid(get, tensor_names) -> dict:
     """Granite 4.0-H (and Bamba): Mamba-2 layers and attention layers, which llama.cpp tells
     apart by their KV heads (0: Mamba-2); rope only where the file says so (Granite 4.0-H has
@@ -201,26 +213,18 @@ def _granite_hybrid(get, tensor_names) -> dict:
     kv = [int(kv)] * layers if kv is None or not np.ndim(kv) else [int(n) for n in kv]
     if len(kv) != layers or not any(kv):
         raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
-    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
-    hidden = int(get("embedding_length"))
-    if inner % hidden or inner % heads:
-        raise ValueError(f"a Mamba-2 inner width of {inner} for a hidden size of {hidden} and {heads} heads")
+    mamba = _mamba2_shape(get, tensor_names)
     return {"layer_types": ["attention" if n else "mamba" for n in kv], "num_key_value_heads": max(kv),
-            "mamba_expand": inner // hidden, "mamba_d_head": inner // heads,
-            "mamba_conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
-            "mamba_proj_bias": any_block_has(tensor_names, "ssm_in.bias"),
+            "mamba_expand": mamba["expand"], "mamba_d_head": mamba["head_dim"],
+            "mamba_conv_bias": mamba["conv_bias"], "mamba_proj_bias": mamba["proj_bias"],
             "position_embedding_type": "rope" if get("rope.scaling.finetuned") else "nope"}
 
 
 def _mamba2(get, tensor_names) -> dict:
-    """Mamba-2 (Mamba-Codestral): its head width and expansion from the inner width."""
-    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
-    hidden = int(get("embedding_length"))
-    if inner % hidden or inner % heads:
-        raise ValueError(f"a Mamba-2 inner width of {inner} for a hidden size of {hidden} and {heads} heads")
-    return {"head_dim": inner // heads, "expand": inner // hidden,
-            "use_conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
-            "use_bias": any_block_has(tensor_names, "ssm_in.bias")}
+    """Mamba-2 (Mamba-Codestral)."""
+    mamba = _mamba2_shape(get, tensor_names)
+    return {"head_dim": mamba["head_dim"], "expand": mamba["expand"],
+            "use_conv_bias": mamba["conv_bias"], "use_bias": mamba["proj_bias"]}
 
 
 _QWEN35 = {"ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",

@@ -65,12 +65,16 @@ ROW_PART = re.compile(r"blk\.(?P<block>\d+)\.(?P<part>attn_qkv|attn_gate|ffn_gat
                       r"\.weight")
 
 
+def row_parts_of(hf_name: str) -> tuple[str, ...]:
+    """The GGUF parts of a ROW_PARTS parameter, in its row order; () for any other parameter."""
+    return next((parts for end, parts in ROW_PARTS.items() if hf_name.endswith(end)), ())
+
+
 def row_part(gguf_name: str, hf_name: str) -> str | None:
     """The part's name where the GGUF tensor is a part of a parameter ROW_PARTS names (and not
     another architecture's attn_qkv, a parameter of its own), else None."""
     m = ROW_PART.fullmatch(gguf_name)
-    parts = next((parts for end, parts in ROW_PARTS.items() if hf_name.endswith(end)), ())
-    return m["part"] if m and m["part"] in parts else None
+    return m["part"] if m and m["part"] in row_parts_of(hf_name) else None
 
 
 def qkvz_order(config: dict) -> torch.Tensor:
@@ -95,7 +99,7 @@ def joined_from_parts(hf_name: str, found: dict, mapping: "TensorMapping", dtype
     rows joined, then reordered where the model's order differs: Qwen3-Next's); float parts are
     joined as floats; parts of two types (llama-quantize's Q4_K_M gives Qwen3-Next's attn_qkv
     Q5_K and attn_gate Q4_K) are held dequantized, named in the second value."""
-    parts = next(parts for end, parts in ROW_PARTS.items() if hf_name.endswith(end))
+    parts = row_parts_of(hf_name)
     if set(found) != set(parts):
         raise FormatError(f"{hf_name}: the file has {sorted(found)} of it, not all of "
                           f"{', '.join(parts)}, which make it")

@@ -30,6 +30,7 @@ from gguf_repack.integrations.tensor_map import (
     joined_from_parts,
     kv_b_from_parts,
     row_part,
+    row_parts_of,
 )
 from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
@@ -75,7 +76,7 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
         if part := row_part(gguf_name, hf_name):
             found = row_parts.setdefault(hf_name, {})
             found[part] = (gguf_name, tensor)
-            if len(found) == 2:
+            if len(found) == len(row_parts_of(hf_name)):
                 weight, dequantized = joined_from_parts(hf_name, row_parts.pop(hf_name), mapping,
                                                       torch.float32)
                 if isinstance(weight, QTensor):
