@@ -24,9 +24,10 @@ import os
 from .dispatch import dequantize, embedding, expert_matmul, matmul
 from .registry import FORMATS, Format
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels on CPU tensors: bfloat16 dots as a GPU's
-    from .interpreter import gpu_bfloat16
+if os.environ.get("TRITON_INTERPRET") == "1":  # the kernels on CPU tensors (interpreter.py)
+    from .interpreter import fast_device_calls, gpu_bfloat16
 
     gpu_bfloat16()
+    fast_device_calls()
 
 __all__ = ["dequantize", "matmul", "expert_matmul", "embedding", "FORMATS", "Format"]

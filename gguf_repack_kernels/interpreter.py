@@ -1,4 +1,4 @@
-"""Triton's interpreter and bfloat16.
+"""Triton's interpreter: bfloat16 as a GPU computes it, and device calls at their cost.
 
 Under TRITON_INTERPRET=1 the kernels run on CPU tensors, the code a GPU runs, which is how
 this project checks them without a GPU. The interpreter keeps bfloat16 values as their
@@ -14,7 +14,15 @@ uint16 bits, and two of its steps then differ from a GPU's (Triton 3.6 to 3.9; b
 This module makes the two steps what a GPU computes, so every kernel taking bfloat16 x
 (vLLM's default activation dtype) or writing bfloat16 can be checked on CPU. Applied on
 import of the kernels when the interpreter is on (gguf_repack_kernels/__init__.py); on a GPU nothing here
-runs."""
+runs.
+
+And one cost: the interpreter patches `triton.language` at every call of a @triton.jit
+function from a kernel (Triton 3.6 to 3.9: `InterpretedFunction.__call__` runs
+`_patch_lang`, `inspect.getmembers` over four modules), although the kernel's launch
+already patched it for the whole run. The dot and dequant functions are such calls, dozens
+a program: measured, 40% of the time of `test_matmul_and_embedding` for IQ1_M.
+`fast_device_calls` skips the repeat while the launch's patches are in place; what runs is
+unchanged."""
 
 from __future__ import annotations
 
@@ -50,3 +58,41 @@ def gpu_bfloat16() -> None:
 
     InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl = dot, cast
     InterpreterBuilder.gguf_repack_bfloat16 = True
+
+
+def _language_patched(fn) -> bool:
+    """Whether the patches `fn` needs are in place: the interpreter replaces the builtins of
+    each triton.language module `fn` sees (triton.language with its math module and tensor
+    class; triton.language.core, which Triton's own jit functions such as tl.zeros see) for
+    a launch, and restores them after."""
+    langs = [v for v in fn.__globals__.values() if v is tl or v is tl.core]
+    probes = [tl.tensor.__add__]
+    if tl in langs:
+        probes += [tl.load, tl.math.exp]
+    if tl.core in langs:
+        probes += [tl.core.load]
+    return not any(tl.core.is_builtin(f) for f in probes)
+
+
+def fast_device_calls() -> None:
+    """Patches the interpreter once: a @triton.jit function called from a running kernel
+    runs without patching triton.language again. Elsewhere (no launch in progress, or a
+    Triton whose interpreter is built otherwise) the interpreter's own call runs."""
+    from triton.runtime import interpreter
+
+    cls = interpreter.InterpretedFunction
+    if getattr(cls, "gguf_repack_fast_calls", False) or not hasattr(interpreter, "_patch_lang"):
+        return
+    original = cls.__call__
+
+    def call(self, *args, **kwargs):
+        if not _language_patched(self.fn):
+            return original(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # as the interpreter's own call reports it
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    cls.__call__ = call
+    cls.gguf_repack_fast_calls = True

@@ -627,3 +627,25 @@ def test_the_interpreter_computes_bfloat16_as_a_gpu():
     values[:3] = torch.tensor([float("inf"), -float("inf"), 0.0])
     torch_bits = values.bfloat16().view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(bfloat16_bits(values.numpy()), torch_bits)
+
+
+def test_the_interpreter_patches_the_language_once_a_launch(monkeypatch, rng):
+    """gguf_repack_kernels/interpreter.py: the dot and dequant functions a kernel calls (dozens
+    a program) run on the launch's patches of triton.language; the interpreter's own device
+    call would patch it again at every call (Triton 3.6 to 3.9). Once for the GEMV launch
+    here, beside the one for x's preparation; and the product is unchanged. (Triton's own
+    jit functions, tl.sum's, see triton.language.core, which the interpreter patches at their
+    first call and leaves patched: the first product is not the one counted.)"""
+    from triton.runtime import interpreter
+
+    calls = []
+    patch = interpreter._patch_lang
+    monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: calls.append(fn.__name__) or patch(fn))
+    _, planes = make_planes("Q4_K", (8, 256), rng)
+    x = torch.from_numpy(rng.standard_normal((1, 256)).astype(np.float32))
+    kernels.matmul(x, planes, "Q4_K", (8, 256))
+    calls.clear()
+    got = kernels.matmul(x, planes, "Q4_K", (8, 256))
+    assert calls == ["prepare_x_kernel", "gemv_dot_kernel"]
+    dense = dequantize_planes(planes, TYPES_BY_NAME["Q4_K"])
+    assert torch.allclose(got, x @ dense.T, rtol=1e-5, atol=1e-5)
