@@ -121,6 +121,13 @@ GEMV_CANDIDATES = [{"ROWS": rows, "PARTS": parts, "num_warps": 4}
 # the GEMV's 11-15 us at 4096 x 4096 near four launches' fixed cost (BENCHMARKS.md "GPU")
 GEMV_CANDIDATES += [{"ROWS": 1, "PARTS": parts, "num_warps": warps, "SPLIT_K": 1}
                     for warps in (1, 2) for parts in (1, 2, 4)]
+# and K split further, until 4 or 8 programs an SM (the rule's 2 is the default): the same
+# timings took about as long for Q8_0 as for Q4_0 (12.3 against 10.9 us, twice the bytes),
+# as if a program's few K-loop iterations each waited a full memory latency with one small
+# load of each plane in flight; more programs an SM put more of the weight in flight at
+# once, for more float32 atomics
+GEMV_CANDIDATES += [{"ROWS": rows, "PARTS": parts, "num_warps": 4, "PROGRAMS_PER_SM": programs}
+                    for rows in (2, 4) for parts in (1, 2) for programs in (4, 8)]
 GEMM_CANDIDATES = {
     16: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64, 128) for st in (2, 3)],
     32: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64) for st in (2, 3)],
@@ -544,12 +551,13 @@ GEMV_PARTS = {"IQ4_XS": 4, "IQ1_M": 2}
 def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Device, dtype,
                     tile: dict | None = None) -> dict:
     """The dot GEMV at M rows of x (a program each) on `device`: BN rows a program, PARTS
-    calls a block column, split K until about 2 programs per SM (a small matrix at batch 1
-    still fills the GPU). `tile` (ROWS, PARTS, num_warps, and SPLIT_K where it says), else the
+    calls a block column, split K until about PROGRAMS_PER_SM programs an SM, 2 unless told (a
+    small matrix at batch 1 still fills the GPU). `tile` (ROWS, PARTS, num_warps, and
+    PROGRAMS_PER_SM or SPLIT_K where it says), else the
     one tuned for this device and x's dtype, replaces the default. No tl.dot: its shared
     memory is a few KB at most (the tests' AOT compiles), nothing to fit."""
     cfg = {"ROWS": GEMV_ROWS.get(type_name, 4), "PARTS": GEMV_PARTS.get(type_name, 1), "num_warps": 4,
-           **(tile or tuned(device, dtype).get("gemv", {}).get(type_name, {}))}
+           "PROGRAMS_PER_SM": 2, **(tile or tuned(device, dtype).get("gemv", {}).get(type_name, {}))}
     warps, parts = cfg["num_warps"], cfg["PARTS"]
     bn = 32 * warps * cfg["ROWS"]
     tiles = -(-n // bn)
@@ -557,7 +565,7 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
     if "SPLIT_K" in cfg:  # a tile that says (the tuner's K-whole candidates)
         split_k = max(1, min(cfg["SPLIT_K"], n_blocks * parts))
     else:
-        while tiles * split_k * m < 2 * device.sms and split_k * 2 <= n_blocks * parts:
+        while tiles * split_k * m < cfg["PROGRAMS_PER_SM"] * device.sms and split_k * 2 <= n_blocks * parts:
             split_k *= 2
     return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps}
 

@@ -214,6 +214,36 @@ def test_the_k_whole_gemv_tiles_give_the_product_in_xs_dtype(name, rng):
         assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, tile
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
+def test_the_gemv_tiles_with_more_programs_an_sm_split_k_further(name, rng):
+    """The tuner's GEMV candidates with PROGRAMS_PER_SM (configs.GEMV_CANDIDATES) split K
+    until that many programs an SM: at 4096 x 4096, M = 1, 2x or 4x the default's split,
+    never past one (block column, part) pair a program; and they give the product."""
+    from gguf_repack_kernels import configs
+
+    qtype = TYPES_BY_NAME[name]
+    h200, blocks = configs.KNOWN_DEVICES[90], 4096 // qtype.block_size
+    tiles = [t for t in configs.GEMV_CANDIDATES if "PROGRAMS_PER_SM" in t
+             and t["PARTS"] in kernels.FORMATS[name].dot_parts]
+    assert {t["PROGRAMS_PER_SM"] for t in tiles} == {4, 8}
+    n, k = 11, 3 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    x = (torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32)) / dense.abs().max()).half()
+    ref = gemv_x(name, x) @ dense.T
+    for tile in tiles:
+        default = configs.gemv_dot_config(name, 1, 4096, blocks, h200, torch.float16,
+                                          {**tile, "PROGRAMS_PER_SM": 2})
+        cfg = configs.gemv_dot_config(name, 1, 4096, blocks, h200, torch.float16, tile)
+        programs = 4096 // cfg["BN"] * cfg["SPLIT_K"]
+        assert cfg["SPLIT_K"] == blocks * tile["PARTS"] or programs >= tile["PROGRAMS_PER_SM"] * h200.sms
+        assert cfg["SPLIT_K"] in (default["SPLIT_K"] * tile["PROGRAMS_PER_SM"] // 2,
+                                  blocks * tile["PARTS"]), (tile, cfg, default)
+        got = kernels.matmul(x, planes, name, (n, k), tile=tile)
+        assert got.dtype == torch.float16
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, tile
+
+
 @pytest.mark.parametrize("block", [32, 256])
 def test_decode_int8_x_is_gguf_pys_q8_0(block, rng):
     """The int8 GEMV's x: per 32 values, the int8 values and the scale (as float16) that
