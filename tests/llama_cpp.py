@@ -536,7 +536,8 @@ def llama_cpp_file(name: str, outtype: str) -> Path:
 
 
 def _entry(name: str) -> tuple[str, dict, str]:
-    return MODELS[name] if name in MODELS else MLA_MODELS[name]
+    return MODELS[name] if name in MODELS else MLA_MODELS[name] if name in MLA_MODELS else \
+        OWN_FILES_MODELS[name]
 
 
 def tokenizer_dir(kind: str) -> Path:
@@ -631,13 +632,59 @@ def qwen35_mtp_files(outtypes) -> dict[str, Path]:
                                         mtp_num_hidden_layers=1))
 
 
+# Models made only with files of their own (a function each below), outside MODELS' loops.
+# GLM-4.7-Flash (transformers' Glm4MoeLite), which llama.cpp's converter writes as deepseek2
+# with its draft layer and no gating function: llama.cpp knows the model by its shape (47
+# layers, a vocabulary of 154880) and takes sigmoid scores for it
+# (hf_config.deepseek2_default_gating). So the tiny model has that shape, narrow (hidden 64),
+# with GLM's tokenizer padded to the vocabulary by the converter, MLA with a q LoRA and values
+# wider than the keys' no-rope part, GLM-4.5's routing (one group, correction bias,
+# normalized and scaled weights), a shared expert, the first layer dense.
+GLM_4_7_FLASH_LAYERS = 47
+OWN_FILES_MODELS: dict[str, tuple[str, dict, str]] = {
+    "glm-4.7-flash": ("glm4_moe_lite", dict(
+        hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
+        max_position_embeddings=256, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32,
+        qk_rope_head_dim=16, v_head_dim=64, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=1.8, norm_topk_prob=True,
+        n_group=1, topk_group=1, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), "glm"),
+}
+
+
+def glm_4_7_flash_files(outtypes) -> dict[str, Path]:
+    """llama.cpp's files of OWN_FILES_MODELS["glm-4.7-flash"]: 47 layers and the draft layer
+    GLM-4.7-Flash's checkpoint has (num_nextn_predict_layers 1; as GLM-4.5's, glm_mtp_files),
+    a vocabulary of 154880 and random score-correction biases. {"hf": the checkpoint, outtype:
+    the file}; the model of its 47 layers is `AutoModelForCausalLM.from_pretrained(files["hf"])`
+    (transformers leaves the draft layer out)."""
+    n = GLM_4_7_FLASH_LAYERS
+
+    def draft(tensors: dict, h: int) -> dict:
+        return {**tensors, **{f"model.layers.{n}.{name}": _random_like(torch.empty(shape))
+                              for name, shape in (("eh_proj.weight", (h, 2 * h)), ("enorm.weight", (h,)),
+                                                  ("hnorm.weight", (h,)), ("shared_head.norm.weight", (h,)))}}
+
+    layers = ["dense"] + ["sparse"] * n
+    return _with_draft_layer("glm-4.7-flash", "glm-4.7-flash", outtypes, vocab=154880, seed=7,
+                             build=dict(num_hidden_layers=n + 1, mlp_layer_types=layers), draft=draft,
+                             # GLM-4.7-Flash's own config.json says first_k_dense_replace and
+                             # topk_method (transformers' class has mlp_layer_types instead)
+                             saved=dict(num_hidden_layers=n, mlp_layer_types=layers[:n],
+                                        num_nextn_predict_layers=1, first_k_dense_replace=1,
+                                        topk_method="noaux_tc"), random_bias=True)
+
+
 def _with_draft_layer(name: str, stem: str, outtypes, vocab: int, seed: int, build: dict, draft,
-                      saved: dict) -> dict[str, Path]:
-    """The files of MODELS[name] built with `build` over its config, its checkpoint's tensors
-    made a draft model's by `draft(tensors, hidden size)` and its config.json's fields set to
-    `saved`: {"hf": the checkpoint, outtype: llama.cpp's file}, made once into the cache."""
-    model_type, overrides, kind = MODELS[name]
-    key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, overrides, _version("transformers")],
+                      saved: dict, random_bias: bool = False) -> dict[str, Path]:
+    """The files of model `name` (_entry) built with `build` over its config, its checkpoint's
+    tensors made a draft model's by `draft(tensors, hidden size)` and its config.json's fields
+    set to `saved`: {"hf": the checkpoint, outtype: llama.cpp's file}, made once into the
+    cache. `random_bias`: the routers' score-correction biases random too (buffers, which the
+    weights' randomization leaves at zero)."""
+    model_type, overrides, kind = _entry(name)
+    key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, overrides, _version("transformers"),
+                                     *([saved, "bias"] if random_bias else [])],
                                     sort_keys=True).encode()).hexdigest()[:12]
     root = cache_root() / "llama.cpp-made" / f"{stem}-{key}"
     hf = root / "hf"
@@ -653,6 +700,8 @@ def _with_draft_layer(name: str, stem: str, outtypes, vocab: int, seed: int, bui
             with torch.no_grad():
                 for p in model.parameters():
                     p.copy_(_random_like(p))
+                for b in (b for n, b in model.named_buffers() if random_bias and "correction_bias" in n):
+                    b.copy_((torch.randn(b.shape) * 0.2).to(torch.bfloat16).float())
             tmp = Path(tempfile.mkdtemp(dir=root.parent))
             model.save_pretrained(tmp)
             tensors = draft(load_file(tmp / "model.safetensors"), config.hidden_size)

@@ -32,8 +32,10 @@ import pytest
 import torch
 from hf_models import assert_same_predictions, kl_per_position
 from llama_cpp import (
+    GLM_4_7_FLASH_LAYERS,
     MLA_MODELS,
     build_model,
+    glm_4_7_flash_files,
     mla_files,
     mla_reference,
 )
@@ -101,6 +103,57 @@ def test_float_file_gives_the_model_it_was_made_from(name, outtype, made, recwar
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
+@pytest.mark.slow
+@pytest.mark.architecture("convert", "deepseek2")
+@pytest.mark.architecture("transformers", "deepseek2")
+@pytest.mark.architecture("llama_cpp", "deepseek2")
+def test_glm_4_7_flash_file_gives_the_model_it_was_made_from(module_tmp, recwarn):
+    """GLM-4.7-Flash as llama.cpp's converter writes it: deepseek2 with its draft layer and no
+    gating function, which llama.cpp runs with sigmoid scores for this model's shape (47
+    layers, a vocabulary of 154880). config.json: DeepSeek-V3's routing (sigmoid, the
+    correction bias, one group, normalized and scaled weights), the draft layer counted apart
+    and its tensors left out. The F32 file gives transformers' Glm4MoeLite model it was made
+    from (KL <= 1e-4, the same greedy tokens); the Q8_0 file the model with its Q8_0 weights'
+    round trips, within KL 1e-3, at most 1.2x the file's tensor bytes held. (Before: "softmax
+    routing with a score-correction bias", and no config.json.)"""
+    from transformers import AutoModelForCausalLM
+
+    from gguf_repack.hf import load_model
+
+    files = glm_4_7_flash_files(["f32", "q8_0"])
+    out = module_tmp("glm-4.7-flash-f32") / "out"
+    summary = convert(files["f32"], out)
+    assert summary.engine_file_warnings == []
+    config = json.loads((out / "config.json").read_text())
+    assert {k: config[k] for k in ("model_type", "scoring_func", "topk_method", "n_group", "topk_group",
+                                   "norm_topk_prob", "first_k_dense_replace", "num_hidden_layers",
+                                   "num_nextn_predict_layers", "vocab_size")} == {
+        "model_type": "deepseek_v3", "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1,
+        "topk_group": 1, "norm_topk_prob": True, "first_k_dense_replace": 1,
+        "num_hidden_layers": GLM_4_7_FLASH_LAYERS, "num_nextn_predict_layers": 1, "vocab_size": 154880}
+    ref = AutoModelForCausalLM.from_pretrained(files["hf"]).eval()
+    assert type(ref).__name__ == "Glm4MoeLiteForCausalLM"
+    assert ref.config.num_hidden_layers == GLM_4_7_FLASH_LAYERS
+    ours = load_model(out)
+    assert not [w for w in recwarn if "gguf_repack" in str(w.message)]
+    assert_same_predictions(ours, ref, prompt_ids(out), steps=8)
+    bias = ours.model.layers[1].mlp.gate.e_score_correction_bias
+    assert bias.abs().sum() > 0 and torch.equal(bias, ref.model.layers[1].mlp.gate.e_score_correction_bias)
+
+    q8 = module_tmp("glm-4.7-flash-q8_0") / "out"
+    convert(files["q8_0"], q8)
+    with pytest.warns(UserWarning, match="held dequantized"):  # kv_b_proj, as for DeepSeek
+        ours = load_model(q8)
+    draft = read_gguf(files["q8_0"]).tensors
+    held = sum(t.nbytes for t in draft if not t.name.startswith(f"blk.{GLM_4_7_FLASH_LAYERS}."))
+    assert held_bytes(ours) <= 1.2 * held, (held_bytes(ours), held)
+    reference, _, _ = q8_0_reference(ref)
+    ids = prompt_ids(out)
+    with torch.no_grad():
+        kl = kl_per_position(reference(ids).logits[0], ours(ids).logits[0])
+    assert kl.max().item() <= KL_Q8_0, kl.max().item()
+
+
 def _q8_0_round_trip(w: torch.Tensor) -> torch.Tensor:
     """gguf-py's Q8_0 quantization of each row of `w` (the last axis), dequantized."""
     rows = w.reshape(-1, w.shape[-1]).numpy()
@@ -109,15 +162,16 @@ def _q8_0_round_trip(w: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(back).reshape(w.shape)
 
 
-def q8_0_reference(name: str, src):
-    """mla_reference(name) with every weight the converter writes as Q8_0 (each 2-D or 3-D weight
-    but the router's, which it keeps float32) replaced by its Q8_0 round trip, along the axis
-    the file quantizes it: rows, and for kv_b_proj, which the converter splits per head into
-    the key part transposed (attn_k_b) and the value part, the key part's columns. Returns the
-    model and the Q8_0 weights counted, in the file and in the model."""
-    model = mla_reference(name)
+def q8_0_reference(model, src=None):
+    """`model` (an MLA model: mla_reference(name)'s, or a file's own) with every weight the
+    converter writes as Q8_0 (each 2-D or 3-D weight but the router's, which it keeps float32)
+    replaced by its Q8_0 round trip, along the axis the file quantizes it: rows, and for
+    kv_b_proj, which the converter splits per head into the key part transposed (attn_k_b)
+    and the value part, the key part's columns. Returns the model and the Q8_0 weights
+    counted, in the file `src` (None without one) and in the model."""
     config = model.config
-    in_file = sum(int(np.prod(t.shape)) for t in read_gguf(src).tensors if t.type.name == "Q8_0")
+    in_file = None if src is None else \
+        sum(int(np.prod(t.shape)) for t in read_gguf(src).tensors if t.type.name == "Q8_0")
     in_model = 0
     with torch.no_grad():
         for pname, p in model.named_parameters():
@@ -151,7 +205,7 @@ def test_q8_0_file_gives_the_model_with_q8_0_weights(name, made):
     assert isinstance(ours.model.layers[1].mlp.experts, QuantExperts)
     assert isinstance(ours.model.layers[1].self_attn.o_proj, QuantLinear)
     assert held_bytes(ours) <= 1.2 * file_tensor_bytes(src), (held_bytes(ours), file_tensor_bytes(src))
-    ref, in_file, in_reference = q8_0_reference(name, src)
+    ref, in_file, in_reference = q8_0_reference(mla_reference(name), src)
     assert in_reference == in_file
     ids = prompt_ids(out)
     with torch.no_grad():
@@ -234,6 +288,26 @@ def test_the_routing_picks_transformers_class():
     assert _config(_keys())["model_type"] == "deepseek_v2"  # (no key: llama.cpp takes softmax)
     grouped = _config(_keys(expert_group_count=8, expert_group_used_count=3))
     assert grouped["topk_method"] == "group_limited_greedy"
+
+
+def test_a_file_without_a_gating_function_is_routed_as_llama_cpp_routes_it():
+    """No expert_gating_func: softmax (DeepSeek-V2 and V2.5 files), but sigmoid for
+    GLM-4.7-Flash's shape (llama.cpp's models/deepseek2.cpp: 47 or 48 layers, the draft
+    layers not counted, and a vocabulary of 154880, from vocab_size or the token list)."""
+    bias = ["blk.1.exp_probs_b.bias"]
+    glm = dict(expert_weights_norm=True, expert_group_count=1, expert_group_used_count=1)
+    for layers, nextn in ((47, 0), (48, 1), (48, 0)):
+        keys = _keys(block_count=layers, nextn_predict_layers=nextn, vocab_size=154880, **glm)
+        config = _config(keys, bias)
+        assert (config["model_type"], config["scoring_func"], config["num_hidden_layers"]) == \
+            ("deepseek_v3", "sigmoid", layers - nextn)
+    tokens = {"tokenizer.ggml.tokens": ["t"] * 154880}
+    config = deepseek2_config(_keys(block_count=47, **glm).get, tokens.get, set(bias))
+    assert config["scoring_func"] == "sigmoid"
+    for layers, vocab in ((49, 154880), (47, 154881), (27, 102400)):
+        with pytest.raises(ValueError, match="softmax routing with a score-correction bias"):
+            _config(_keys(block_count=layers, vocab_size=vocab, **glm), bias)
+        assert _config(_keys(block_count=layers, vocab_size=vocab))["model_type"] == "deepseek_v2"
 
 
 @pytest.mark.parametrize(("extra", "tensors", "why"), [

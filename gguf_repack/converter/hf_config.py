@@ -287,6 +287,12 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
             raise ValueError(f"no deepseek2.{key}, which MLA needs")
     heads, rope_dim, kv_lora = int(get("attention.head_count")), int(get("rope.dimension_count")), \
         int(get("attention.kv_lora_rank"))
+    # the block count includes the multi-token-prediction layers (GLM-4.7-Flash's converter
+    # writes its draft layer), which the model's main path does not run
+    nextn = int(get("nextn_predict_layers") or 0)
+    fields["num_hidden_layers"] = int(get("block_count")) - nextn
+    if nextn:
+        fields["num_nextn_predict_layers"] = nextn
     if get("attention.key_length_mla") is not None:
         # MLA run as llama.cpp runs it, multi-query over the latent: key_length and value_length
         # are the latent's (with the rope part), the model's heads are the _mla keys
@@ -310,6 +316,8 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
     fields.setdefault("routed_scaling_factor", 1.0)
     normalized = bool(get("expert_weights_norm"))
     gating = get("expert_gating_func")
+    if gating is None:
+        gating = deepseek2_default_gating(get, get_key)
     bias = any_block_has(tensor_names, "exp_probs_b.bias")
     groups = int(fields.get("n_group") or 1)
     if gating == GATING_SIGMOID:
@@ -323,7 +331,7 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
                       # these two (transformers' class has no fields for them), and takes
                       # softmax scores and no bias without them
                       scoring_func="sigmoid", topk_method="noaux_tc" if bias else "greedy")
-    elif gating in (None, GATING_SOFTMAX):  # (absent: llama.cpp takes softmax, DeepSeek-V2's)
+    elif gating == GATING_SOFTMAX:
         if bias:
             raise ValueError("softmax routing with a score-correction bias (exp_probs_b): neither "
                              "of transformers' DeepSeek classes computes it")
@@ -347,6 +355,27 @@ def deepseek2_config(get: Callable[[str], object], get_key: Callable[[str], obje
     for field, key in TOKEN_IDS.items():
         fields[field] = get_key(key)
     return {"model_type": model_type, **fields}
+
+
+# The one model llama.cpp recognizes by its shape when a deepseek2 file names no gating
+# function: GLM-4.7-Flash (47 layers, and 48 with its draft layer counted; a vocabulary of
+# 154880), whose converter writes none (its config.json has no scoring_func); llama.cpp's
+# models/deepseek2.cpp takes sigmoid scores for it
+GLM_4_7_FLASH_LAYERS, GLM_4_7_FLASH_VOCAB = (47, 48), 154880
+
+
+def deepseek2_default_gating(get: Callable[[str], object], get_key: Callable[[str], object]) -> int:
+    """The gating function llama.cpp runs for a deepseek2 file that names none: softmax
+    (DeepSeek-V2 and V2.5 files), but sigmoid for GLM-4.7-Flash's shape, by the rule of
+    llama.cpp's load_arch_hparams: its layers (block_count less the draft layers) and its
+    vocabulary (vocab_size, else the token list's length)."""
+    layers = int(get("block_count")) - int(get("nextn_predict_layers") or 0)
+    vocab = get("vocab_size")
+    if vocab is None:
+        vocab = len(get_key("tokenizer.ggml.tokens") or ())
+    if layers in GLM_4_7_FLASH_LAYERS and int(vocab) == GLM_4_7_FLASH_VOCAB:
+        return GATING_SIGMOID
+    return GATING_SOFTMAX
 
 
 def any_block_has(tensor_names: set[str], tensor: str) -> bool:

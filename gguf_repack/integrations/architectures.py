@@ -78,7 +78,9 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     # from llama.cpp's attn_k_b/attn_v_b and holds it in float
     "deepseek2": _row(note="MLA (kv_b_proj rejoined from attn_k_b and attn_v_b; quantized: held "
                            "dequantized); MoE: V3's sigmoid routing with correction bias and groups, "
-                           "V2-Lite's softmax; config.json from the metadata (transformers maps none)"),
+                           "V2-Lite's softmax; GLM-4.7-Flash (written as deepseek2, no gating function: "
+                           "sigmoid by its shape, as llama.cpp reads it; its draft layer left out; "
+                           "transformers only); config.json from the metadata (transformers maps none)"),
     "glm4moe": _row(note="GLM-4.5/4.6: MoE, sigmoid routing with correction bias, a shared expert, "
                          "partial rope, q/k norms; config.json from the metadata (transformers maps none)"),
     # config.json from the metadata by one table each (converter/arch_configs.py)
