@@ -275,6 +275,12 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                           layer_types=["conv", "full_attention", "conv"], block_auto_adjust_ff_dim=False),
              "bpe"),
+    # LFM2-MoE: lfm2's layers, the first one dense, then sigmoid routing with the correction bias
+    # (tied embeddings, as LFM2's; the converter maps no lm_head for it)
+    "lfm2moe": ("lfm2_moe", dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                                 num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=256, layer_types=["conv", "full_attention", "conv"],
+                                 num_dense_layers=1, num_experts=4, num_experts_per_tok=2), "bpe"),
     "qwen2moe": ("qwen2_moe", dict(_SMALL, **_MOE, shared_expert_intermediate_size=64,
                                    tie_word_embeddings=False), "bpe"),
     # (llama.cpp always normalizes the chosen experts' weights for qwen3moe, as Qwen3-MoE models do)
@@ -562,7 +568,7 @@ def build_model(name: str, dtype=torch.float32):
         for p in model.parameters():
             p.copy_(_random_like(p))
         for bname, buffer in model.named_buffers():
-            if name in RANDOM_ROUTING_BIAS and bname.endswith("e_score_correction_bias"):
+            if name in RANDOM_ROUTING_BIAS and bname.endswith(("e_score_correction_bias", "expert_bias")):
                 buffer.copy_((torch.randn_like(buffer) * 0.2).to(torch.bfloat16).float())
             elif bname.endswith("layer_scalar"):  # (Gemma 4's, a buffer of the checkpoint: 1 at init)
                 buffer.copy_(_random_like(buffer))
@@ -583,7 +589,7 @@ CHECKPOINT_FIELDS = {"phimoe": {"architectures": ["PhiMoEForCausalLM"]},
 # by `architectures`; model_type reaches only transformers' AutoTokenizer there)
 TOKENIZER_MODEL_TYPE = {"qwen35moe": "qwen3_5_text"}
 # models whose routers' score-correction bias (a buffer, zero at init) is random too
-RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe", "dots1"}
+RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe", "dots1", "lfm2moe"}
 
 
 def _random_like(p: torch.Tensor) -> torch.Tensor:
@@ -771,7 +777,7 @@ VLLM_BFLOAT16_ONLY = {"qwen3next", "qwen35", "qwen35moe"}
 # architectures whose vLLM model computes otherwise than transformers' (on the float checkpoint
 # too, without the plugin): their vLLM cells hold llama.cpp's files to vLLM's own model on the
 # checkpoint they were made from (test_llama_cpp_files.test_models_vllm_computes_otherwise_...)
-VLLM_OWN_REFERENCE = {"lfm2", "phimoe"}
+VLLM_OWN_REFERENCE = {"lfm2", "lfm2moe", "phimoe"}
 
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's assert the multi-token-
 # prediction layer, which a transformers model has no weights for (the repositories' checkpoints

@@ -220,6 +220,23 @@ def _granite_hybrid(get, tensor_names) -> dict:
             "position_embedding_type": "rope" if get("rope.scaling.finetuned") else "nope"}
 
 
+def _lfm2_moe(get, tensor_names) -> dict:
+    """LFM2-MoE (LFM2-8B-A1B, LFM2-24B-A2B): short-convolution layers and attention layers,
+    which llama.cpp tells apart by their KV heads (0: a convolution); sigmoid routing, the
+    correction bias where the file has it, the chosen weights always normalized (llama.cpp's
+    models/lfm2.cpp), scaled where the file says so."""
+    if get("expert_gating_func") != GATING_SIGMOID:
+        raise ValueError(f"expert gating function {get('expert_gating_func')}: LFM2-MoE routes by "
+                         f"sigmoid scores")
+    layers = int(get("block_count"))
+    kv = get("attention.head_count_kv")
+    kv = [int(kv)] * layers if kv is None or not np.ndim(kv) else [int(n) for n in kv]
+    if len(kv) != layers or not any(kv):
+        raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
+    return {"layer_types": ["full_attention" if n else "conv" for n in kv], "num_key_value_heads": max(kv),
+            "use_expert_bias": any_block_has(tensor_names, "exp_probs_b.bias"), "norm_topk_prob": True}
+
+
 def _mamba2(get, tensor_names) -> dict:
     """Mamba-2 (Mamba-Codestral)."""
     mamba = _mamba2_shape(get, tensor_names)
@@ -266,6 +283,12 @@ ARCHS: dict[str, ArchConfig] = {
                                     "attention.layer_norm_rms_epsilon": "layer_norm_epsilon",
                                     "attention.head_count": None, "attention.head_count_kv": None,
                                     "feed_forward_length": None}, details=_mamba2),
+    # LFM2-MoE: LFM2's convolution and attention layers, its first layers dense, then MoE
+    "lfm2moe": ArchConfig("lfm2_moe", {"attention.layer_norm_rms_epsilon": "norm_eps",
+                                       "shortconv.l_cache": "conv_L_cache",
+                                       "leading_dense_block_count": "num_dense_layers",
+                                       "expert_weights_scale": "routed_scaling_factor"},
+                          details=_lfm2_moe),
     "ernie4_5": ArchConfig("ernie4_5"),
     "ernie4_5-moe": ArchConfig("ernie4_5_moe", {"expert_count": "moe_num_experts",
                                                 "expert_used_count": "moe_k",

@@ -21,9 +21,10 @@ TESTED = "tested"
 COLUMNS = {"convert": "convert", "transformers": "transformers", "vllm": "vLLM", "tp2": "vLLM TP 2",
            "llama_cpp": "llama.cpp's converter"}
 NO_MAMBA_KERNEL = "untestable here: vLLM's CPU build has no Mamba scan"
-# vLLM's LFM2 and PhiMoE give other tokens than transformers' on their float checkpoints too
-# (checked 2026-12-02 and -04): their vLLM cells hold the plugin to vLLM's own model on the
-# checkpoint the file was made from (its Q8_0 round trip for a Q8_0 file), which it equals
+# vLLM's LFM2, LFM2-MoE and PhiMoE give other tokens than transformers' on their float
+# checkpoints too (checked 2026-12-02, -04 and -05): their vLLM cells hold the plugin to vLLM's
+# own model on the checkpoint the file was made from (its Q8_0 round trip for a Q8_0 file),
+# which it equals
 VLLM_OWN = "; vLLM: against vLLM's own model on the checkpoint (it differs from transformers' there)"
 
 
@@ -102,6 +103,9 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                                       "and the gated norm in float32, as in the file) and attention layers "
                                       "without rope, MoE with a shared expert (its gate and up joined back), "
                                       "the multipliers of granite"),
+    "lfm2moe": _row(note=_OWN + "; LFM2-MoE (LFM2-8B-A1B): lfm2's short convolutions (float32, as in "
+                                "the file) and attention layers, the first layers dense, MoE with sigmoid "
+                                "routing and its correction bias" + VLLM_OWN),
     "ernie4_5": _row(note=_OWN),
     "ernie4_5-moe": _row(vllm=NO_CPU_BIASED_ROUTER, tp2=NO_CPU_BIASED_ROUTER,
                          note=_OWN + "; MoE with the correction bias, its first layer dense"),

@@ -168,8 +168,8 @@ SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "granitehybrid": "llam
 
 
 # parameters llama.cpp's converter renames before it maps the name, as (the parameter's name, the
-# name the converter maps): Qwen3-Next's and Qwen3.5's dt_bias
-CONVERTER_RENAMES = [(r"\.dt_bias$", ".dt_proj.bias")]
+# name the converter maps): Qwen3-Next's and Qwen3.5's dt_bias, LFM2-MoE's expert_bias
+CONVERTER_RENAMES = [(r"\.dt_bias$", ".dt_proj.bias"), (r"\.expert_bias$", ".expert_bias.bias")]
 
 
 # parameters llama.cpp's converter names by hand, past gguf-py's map, per architecture: (the

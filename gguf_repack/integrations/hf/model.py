@@ -276,7 +276,7 @@ EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeEx
                   "ExaoneMoeExperts": False, "PhimoeExperts": False,
                   "AfmoeExperts": False, "Qwen3NextExperts": False, "Qwen3_5MoeExperts": False,
                   "Gemma4TextExperts": False, "GraniteMoeHybridExperts": False,
-                  "GraniteMoeSharedExperts": False, "Dots1Experts": False}
+                  "GraniteMoeSharedExperts": False, "Dots1Experts": False, "Lfm2MoeExperts": False}
 # experts modules called on every token for every expert (E * T rows, the router's weight
 # applied to the input already): forward(hidden_states) alone
 EVERY_EXPERT_MODULES = {"Llama4TextExperts"}
