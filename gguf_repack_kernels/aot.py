@@ -116,7 +116,8 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                "N": "i32", "B": "i32", "stride_om": "i32"}
         return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
-                                      "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
+                                      "DOT": fmt.dot, "XSTRIDE": fmt.x_stride,
+                                      "STAGES": cfg["STAGES"]}, cfg, \
             cfg["BN"] / cfg["PARTS"] / m
     if family in GEMM_BM:
         cfg = configs.gemm_config(fmt.name, block_size, m or GEMM_M[family], n, k // block_size, dev, act,

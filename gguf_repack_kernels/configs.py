@@ -128,6 +128,12 @@ GEMV_CANDIDATES += [{"ROWS": 1, "PARTS": parts, "num_warps": warps, "SPLIT_K": 1
 # once, for more float32 atomics
 GEMV_CANDIDATES += [{"ROWS": rows, "PARTS": parts, "num_warps": 4, "PROGRAMS_PER_SM": programs}
                     for rows in (2, 4) for parts in (1, 2) for programs in (4, 8)]
+# and the K loop under Triton's software pipeliner (gemv.gemv_dot_row's STAGES): the next
+# iteration's planes in flight while one computes, for 7-9% more loop instructions (sm_90:
+# scripts/gemv_stages.py). Only for blocks of 32 weights: the pipeliner took 42 s to compile
+# Q4_K's loop (2.9 s without; Q4_0's 0.6 s), too long a first call for the 256-weight types
+GEMV_CANDIDATES += [{"ROWS": 4, "PARTS": 1, "num_warps": 4, "STAGES": stages} for stages in (2, 3)]
+GEMV_STAGES_BLOCK = 32
 GEMM_CANDIDATES = {
     16: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64, 128) for st in (2, 3)],
     32: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64) for st in (2, 3)],
@@ -567,7 +573,7 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
     else:
         while tiles * split_k * m < cfg["PROGRAMS_PER_SM"] * device.sms and split_k * 2 <= n_blocks * parts:
             split_k *= 2
-    return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps}
+    return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps, "STAGES": cfg.get("STAGES", 1)}
 
 
 # The expert products (moe.py) run as GEMVs, a program per (token, slot) pair, while experts

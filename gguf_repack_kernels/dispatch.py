@@ -172,7 +172,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         gemv_dot_kernel[grid](*args, xf, xs, out, n, b, out.stride(0),
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
-                              num_warps=cfg["num_warps"])
+                              STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
     else:
         cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b, _device(x.device),
                                                  x.dtype, tile))

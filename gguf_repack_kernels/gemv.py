@@ -77,31 +77,42 @@ def prepare_x_q8_kernel(X, XQ, XS, K, stride_xm, BLOCK: tl.constexpr, XSTRIDE: t
 @triton.jit
 def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, stride_om,
                     BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
-                    PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr):
+                    PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
+                    STAGES: tl.constexpr = 1):
     # XF, XS: the prepared x (prepare_x_kernel's float32 x, XSTRIDE = BLOCK elements a
     # block, or prepare_x_q8_kernel's int8 x and scales, XSTRIDE bytes a block) and the sums
     # of 16 of x, rows of B * XSTRIDE and B * BLOCK // 16
     gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF + tl.program_id(2) * B * XSTRIDE,
                  XS + tl.program_id(2) * B * (BLOCK // 16), OUT + tl.program_id(2) * stride_om,
-                 N, B, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE)
+                 N, B, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE, STAGES)
 
 
 @triton.jit
 def gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, BLOCK: tl.constexpr,
                  BN: tl.constexpr, SPLIT_K: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr,
-                 XSTRIDE: tl.constexpr):
+                 XSTRIDE: tl.constexpr, STAGES: tl.constexpr = 1):
     """One row of x (XF, XS at its first block) times BN rows of the weight (P0..P4 at its
     first block column) into OUT (the output row): the GEMV's body, shared with the expert
-    GEMV (moe.py)."""
+    GEMV (moe.py). STAGES > 1 (a tuner's candidate, configs.GEMV_CANDIDATES): the K loop
+    under Triton's software pipeliner, STAGES - 1 iterations' planes loaded ahead (into
+    shared memory, by asynchronous copies), for more bytes in flight a program."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask = rows < N
     acc = tl.zeros((BN,), dtype=tl.float32)
-    i = tl.program_id(1)  # over (block column, part) pairs
-    while i < B * PARTS:
-        j = i // PARTS
-        acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + j * XSTRIDE,
-                   XS + j * (BLOCK // 16), i % PARTS, PARTS)
-        i += SPLIT_K
+    if STAGES == 1:
+        i = tl.program_id(1)  # over (block column, part) pairs
+        while i < B * PARTS:
+            j = i // PARTS
+            acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + j * XSTRIDE,
+                       XS + j * (BLOCK // 16), i % PARTS, PARTS)
+            i += SPLIT_K
+    else:  # the same pairs, as a counted loop from 0 (what the pipeliner takes)
+        iterations = (B * PARTS - tl.program_id(1) + SPLIT_K - 1) // SPLIT_K
+        for it in tl.range(0, iterations, num_stages=STAGES):
+            i = tl.program_id(1) + it * SPLIT_K
+            j = i // PARTS
+            acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + j * XSTRIDE,
+                       XS + j * (BLOCK // 16), i % PARTS, PARTS)
     if SPLIT_K == 1:
         tl.store(OUT + rows, acc.to(OUT.dtype.element_ty), mask=mask)
     else:

@@ -70,7 +70,9 @@ def candidates(kind: str, name: str, smoke: bool) -> list[dict]:
     """The tiles to try for one kind and type: the GEMV's only with PARTS its dot function
     supports; two of each kind in smoke mode."""
     if kind == "gemv":
-        tiles = [t for t in kernels.configs.GEMV_CANDIDATES if t["PARTS"] in kernels.FORMATS[name].dot_parts]
+        fmt = kernels.FORMATS[name]
+        tiles = [t for t in kernels.configs.GEMV_CANDIDATES if t["PARTS"] in fmt.dot_parts
+                 and (t.get("STAGES", 1) == 1 or fmt.block_size == kernels.configs.GEMV_STAGES_BLOCK)]
     else:
         tiles = kernels.configs.GEMM_CANDIDATES[KINDS[kind]]
     return tiles[:2] if smoke else tiles

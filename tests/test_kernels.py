@@ -244,6 +244,28 @@ def test_the_gemv_tiles_with_more_programs_an_sm_split_k_further(name, rng):
         assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, tile
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "IQ4_NL"])
+def test_the_pipelined_gemv_tiles_give_the_product(name, rng):
+    """The tuner's GEMV candidates with STAGES (gemv.gemv_dot_row's K loop as a counted range
+    for Triton's pipeliner; configs.GEMV_CANDIDATES, offered for 32-weight blocks) take the
+    same (block column, part) pairs: the product, with K split as on a GPU and whole."""
+    from gguf_repack_kernels import configs
+
+    qtype = TYPES_BY_NAME[name]
+    n, k = 11, 5 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32))
+    assert kernels.dispatch.matmul_path(name, 1) == "gemv"
+    ref = gemv_x(name, x) @ dense.T
+    tiles = [t for t in configs.GEMV_CANDIDATES if t.get("STAGES", 1) > 1]
+    assert {t["STAGES"] for t in tiles} == {2, 3}
+    for tile in tiles:
+        for split in (1, 2, 4):
+            got = kernels.matmul(x, planes, name, (n, k), tile={**tile, "SPLIT_K": split})
+            assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, (tile, split)
+
+
 @pytest.mark.parametrize("block", [32, 256])
 def test_decode_int8_x_is_gguf_pys_q8_0(block, rng):
     """The int8 GEMV's x: per 32 values, the int8 values and the scale (as float16) that

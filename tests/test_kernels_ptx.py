@@ -179,6 +179,23 @@ def test_decode_gemv_leaves_room_for_four_programs_per_sm(ptx_rows):
 
 
 
+def test_the_pipelined_gemv_loads_the_next_iteration_ahead(tmp_path):
+    """The GEMV as dispatch launches it by default (STAGES 1) loads its planes in the K loop
+    (LDG); the tuner's STAGES 2 candidate (configs.GEMV_CANDIDATES) has Triton's pipeliner
+    copy them ahead asynchronously (LDGSTS, no LDG left in the loop), for a few more
+    instructions and a few KB of shared memory (sm_90, scripts/gemv_stages.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "stages.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "gemv_stages.py"), "--types", "Q4_0",
+                    "--stages", "1,2", "--json", str(out)], check=True, env=env, capture_output=True,
+                   timeout=600)
+    default, staged = json.loads(out.read_text())
+    assert default["LDG"] > 0 and default["LDGSTS"] == 0, default
+    assert staged["LDG"] == 0 and staged["LDGSTS"] == default["LDG"], staged
+    assert default["loop"] < staged["loop"] <= 1.15 * default["loop"], (default, staged)
+    assert staged["spills"] == 0 and staged["shared_memory"] <= 16 * 1024, staged
+
+
 @pytest.mark.slow
 def test_int8_x_is_quantized_with_ieee_division():
     """prepare_x_q8_kernel matches gguf-py's Q8_0 bit for bit on a GPU only if its divisions
