@@ -413,6 +413,18 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                                             "mrope_interleaved": True}), "bpe"),
     # Granite 4.0-H's shape: Mamba-2 layers and attention layers without rope (as llama.cpp runs
     # every granitehybrid file with Mamba-2 layers), MoE with a shared expert, the multipliers
+    # Nemotron 3 Nano's kind (llama.cpp's nemotron_h_moe): one mixer a layer, Mamba-2, attention
+    # (no rope) or MoE (ReLU^2 experts without a gate, a shared expert, sigmoid routing with
+    # the correction bias, normalized and scaled weights)
+    "nemotron-h-moe": ("nemotron_h", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                          head_dim=32, max_position_embeddings=256,
+                                          layers_block_type=["mamba", "moe", "attention", "moe"],
+                                          mamba_num_heads=8, mamba_head_dim=32, n_groups=2,
+                                          ssm_state_size=16, conv_kernel=4, expand=2, chunk_size=64,
+                                          n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                          moe_intermediate_size=64, moe_shared_expert_intermediate_size=128,
+                                          routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1,
+                                          topk_group=1, tie_word_embeddings=False), "bpe"),
     "granitehybrid": ("granitemoehybrid", dict(_SMALL, intermediate_size=64, num_hidden_layers=4,
                                                layer_types=["mamba", "attention"] * 2, num_local_experts=4,
                                                num_experts_per_tok=2, shared_intermediate_size=128,
@@ -589,7 +601,7 @@ CHECKPOINT_FIELDS = {"phimoe": {"architectures": ["PhiMoEForCausalLM"]},
 # by `architectures`; model_type reaches only transformers' AutoTokenizer there)
 TOKENIZER_MODEL_TYPE = {"qwen35moe": "qwen3_5_text"}
 # models whose routers' score-correction bias (a buffer, zero at init) is random too
-RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe", "dots1", "lfm2moe"}
+RANDOM_ROUTING_BIAS = {"minimax-m2", "exaone-moe", "dots1", "lfm2moe", "nemotron-h-moe"}
 
 
 def _random_like(p: torch.Tensor) -> torch.Tensor:

@@ -461,6 +461,27 @@ def test_arch_config_tables_read_the_layers_llama_cpp_runs():
     assert (minimax["scoring_func"], minimax["use_routing_bias"]) == ("sigmoid", True)
     with pytest.raises(ValueError, match="sigmoid"):
         own_config("minimax-m2", {**keys, "expert_gating_func": 1}.get, tokens, set())
+    # LFM2-MoE: convolution layers where there are no KV heads; sigmoid only
+    lfm2 = {**keys, "attention.head_count_kv": [0, 2, 0, 2], "expert_gating_func": 2,
+            "leading_dense_block_count": 1}
+    lfm2_moe = own_config("lfm2moe", lfm2.get, tokens, {"blk.1.exp_probs_b.bias"})
+    assert (lfm2_moe["layer_types"], lfm2_moe["num_dense_layers"], lfm2_moe["use_expert_bias"]) == \
+        (["conv", "full_attention"] * 2, 1, True)
+    with pytest.raises(ValueError, match="sigmoid"):
+        own_config("lfm2moe", {**lfm2, "expert_gating_func": 1}.get, tokens, set())
+    # Nemotron-H MoE, Nemotron 3 Nano's widths: each layer's one mixer by its KV heads and
+    # feed-forward width, as llama.cpp reads them; a Mamba-2 width that is its heads' (64 x 64),
+    # not a multiple of the hidden size (2688); the draft layer counted apart
+    nano = {"block_count": 5, "attention.head_count": 32, "embedding_length": 2688,
+            "attention.head_count_kv": [0, 0, 2, 0, 2], "feed_forward_length": [0, 1856, 0, 1856, 1856],
+            "expert_count": 128, "ssm.inner_size": 4096, "ssm.time_step_rank": 64,
+            "attention.key_length": 128, "nextn_predict_layers": 1}
+    nemotron = own_config("nemotron_h_moe", nano.get, tokens, {"blk.0.ssm_conv1d.bias"})
+    assert {k: nemotron[k] for k in ("layers_block_type", "mamba_head_dim", "num_hidden_layers",
+                                     "num_nextn_predict_layers", "num_key_value_heads", "use_conv_bias")} == {
+        "layers_block_type": ["mamba", "moe", "attention", "moe"], "mamba_head_dim": 64,
+        "num_hidden_layers": 4, "num_nextn_predict_layers": 1, "num_key_value_heads": 2,
+        "use_conv_bias": True}
 
 
 def test_gemma4_table_reads_its_layers_as_llama_cpp_writes_them():

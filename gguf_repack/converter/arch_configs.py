@@ -237,6 +237,39 @@ def _lfm2_moe(get, tensor_names) -> dict:
             "use_expert_bias": any_block_has(tensor_names, "exp_probs_b.bias"), "norm_topk_prob": True}
 
 
+def _nemotron_h(get, tensor_names) -> dict:
+    """Nemotron-H (Nemotron 3 Nano, Nemotron-H, Nemotron Nano 2): one mixer a layer, told apart
+    as llama.cpp tells them: attention where the layer has KV heads, an MLP (MoE in
+    nemotron_h_moe) where it has a feed-forward width, else Mamba-2; attention without rope."""
+    layers = int(get("block_count")) - int(get("nextn_predict_layers") or 0)
+
+    def per_layer(key):
+        v = get(key)
+        v = [int(v or 0)] * layers if v is None or not np.ndim(v) else [int(n) for n in v]
+        return v[:layers]
+    kv, ff = per_layer("attention.head_count_kv"), per_layer("feed_forward_length")
+    mlp = "moe" if get("expert_count") else "mlp"
+    kinds = ["attention" if k else mlp if f else "mamba" for k, f in zip(kv, ff)]
+    if "attention" not in kinds:
+        raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
+    details = {"layers_block_type": kinds, "num_key_value_heads": max(kv), "num_hidden_layers": layers,
+               # (the draft layer, past the model's: its tensors are left out, tensor_map.MTP_LAYER)
+               "num_nextn_predict_layers": int(get("nextn_predict_layers") or 0),
+               "use_conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
+               "mamba_proj_bias": any_block_has(tensor_names, "ssm_in.bias"),
+               "mlp_bias": any_block_has(tensor_names, "ffn_up.bias")}
+    if "mamba" in kinds:
+        # (the mixer's width is its heads' alone, not an expansion of the hidden size:
+        # Nemotron 3 Nano's 64 heads of 64 for a hidden size of 2688)
+        inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+        if inner % heads:
+            raise ValueError(f"a Mamba-2 inner width of {inner} for {heads} heads")
+        details["mamba_head_dim"] = inner // heads
+    if mlp == "mlp":
+        details["intermediate_size"] = max(ff)
+    return details
+
+
 def _mamba2(get, tensor_names) -> dict:
     """Mamba-2 (Mamba-Codestral)."""
     mamba = _mamba2_shape(get, tensor_names)
@@ -289,6 +322,19 @@ ARCHS: dict[str, ArchConfig] = {
                                        "leading_dense_block_count": "num_dense_layers",
                                        "expert_weights_scale": "routed_scaling_factor"},
                           details=_lfm2_moe),
+    # Nemotron 3 Nano (and later Nemotron-H MoE models): Mamba-2, attention and MoE layers,
+    # ReLU^2 experts without a gate, a shared expert, sigmoid routing with the correction bias
+    # (llama.cpp fixes sigmoid), normalized and scaled weights
+    "nemotron_h_moe": ArchConfig("nemotron_h", {
+        "attention.layer_norm_epsilon": "layer_norm_epsilon", "attention.layer_norm_rms_epsilon": None,
+        "feed_forward_length": None, "attention.head_count_kv": None, "block_count": None,
+        "expert_count": "n_routed_experts", "expert_shared_count": "n_shared_experts",
+        "expert_shared_feed_forward_length": "moe_shared_expert_intermediate_size",
+        "expert_weights_norm": "norm_topk_prob", "expert_weights_scale": "routed_scaling_factor",
+        "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+        "moe_latent_size": "moe_latent_size", "ssm.conv_kernel": "conv_kernel",
+        "ssm.state_size": "ssm_state_size", "ssm.group_count": "n_groups",
+        "ssm.time_step_rank": "mamba_num_heads"}, details=_nemotron_h),
     "ernie4_5": ArchConfig("ernie4_5"),
     "ernie4_5-moe": ArchConfig("ernie4_5_moe", {"expert_count": "moe_num_experts",
                                                 "expert_used_count": "moe_k",

@@ -35,6 +35,11 @@ NO_CPU_BIASED_ROUTER = ("untestable here: vLLM's CPU router takes sigmoid scores
                         "only with expert groups")
 NO_VLLM_DOTS1 = ("not done: vLLM 0.32 has no Dots1 model (removed after 0.23), and its Transformers "
                  "backend does not load this MoE's router")
+# experts without a gate (Nemotron-H's ReLU^2): vLLM's CPU build refuses them ("is_act_and_mul=False
+# is supported only for CUDA, XPU and ROCm", checked 2026-12-05), and the plugin's expert method
+# multiplies gated experts only
+NO_VLLM_UNGATED = ("not done: the plugin's expert method takes gated experts only, and vLLM's CPU build "
+                   "runs no MoE without a gate")
 NOT_CONVERTED = "not run yet: no tiny model of it in tests/llama_cpp.py"
 _OWN = "config.json from the metadata (transformers maps none)"
 # transformers 5.19 and later map Qwen3.5's config from GGUF (its GGUF_CONFIG_ARCHS), without the
@@ -106,6 +111,11 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "lfm2moe": _row(note=_OWN + "; LFM2-MoE (LFM2-8B-A1B): lfm2's short convolutions (float32, as in "
                                 "the file) and attention layers, the first layers dense, MoE with sigmoid "
                                 "routing and its correction bias" + VLLM_OWN),
+    "nemotron_h_moe": _row(vllm=NO_VLLM_UNGATED, tp2=NO_VLLM_UNGATED,
+                           note=_OWN + "; Nemotron 3 Nano: Mamba-2 layers (A, D, the convolution and "
+                                       "the gated norm in float32, as in the file), attention layers "
+                                       "without rope, MoE layers (ReLU^2 experts without a gate, a shared "
+                                       "expert, sigmoid routing with the correction bias)"),
     "ernie4_5": _row(note=_OWN),
     "ernie4_5-moe": _row(vllm=NO_CPU_BIASED_ROUTER, tp2=NO_CPU_BIASED_ROUTER,
                          note=_OWN + "; MoE with the correction bias, its first layer dense"),

@@ -40,6 +40,9 @@ SKIPPED = {
 # and gpt-oss's expert biases (gate and up joined there too)
 _JOINED_GATE_UP = r"model\.layers\.(?P<bid>\d+)\.(mlp|block_sparse_moe|feed_forward)\.experts\.gate_up_proj"
 _EXPERT_BIAS = r"model\.layers\.(?P<bid>\d+)\.mlp\.experts\.(?P<proj>gate_up|down)_proj_bias"
+# an expert stack gguf-py names only per expert in the original checkpoint (Nemotron-H's
+# mixer.experts.{xid}.up_proj): transformers 5 holds the experts of a layer as one parameter
+_EXPERT_STACK = r"model\.layers\.(?P<bid>\d+)\.mixer\.experts\.(?P<proj>up|down)_proj"
 
 
 # llama.cpp's expert stacks and their biases (one tensor per role, all experts of a layer), by
@@ -195,7 +198,7 @@ def tensor_processor(gguf_arch: str, config: dict):
 
 
 # llama.cpp's architectures with Mamba-2 layers, whose converter stores A_log as ssm_a = -exp(A_log)
-MAMBA2 = ("granitehybrid", "mamba2")
+MAMBA2 = ("granitehybrid", "mamba2", "nemotron_h_moe")
 
 
 def _mamba2_processor(base):
@@ -264,6 +267,9 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
         spellings = [hf_name, *sorted(renamed)]
         candidates = [".".join(parts[start:]) for name in spellings for parts in [name.split(".")]
                       for start in range(len(parts) - 1)]
+        # a layer's parameter is a tensor of that layer: a suffix that drops the layer (Nemotron-H's
+        # model.layers.0.mixer.norm as `norm`, the output norm) is not its name
+        layer = re.search(r"\.(\d+)\.", hf_name)
         for inner in candidates:
             base, dot, suffix = processor.preprocess_name(inner).rpartition(".")
             if suffix not in ("weight", "bias"):
@@ -277,6 +283,8 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
                     # or, for a 3-D expert stack, .weight
                     base, dot, suffix = full, "", ""
             gguf_name = name_map.get_name(base)
+            if gguf_name is not None and layer and not gguf_name.startswith(f"blk.{layer[1]}."):
+                continue
             if gguf_name is not None and gguf_name.endswith(".ffn_gate_up_exps"):
                 # (gguf-py names transformers' joined stack, which llama.cpp's converter writes
                 # as its gate and up halves: Qwen3.5-MoE)
@@ -300,6 +308,8 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
                 # the same join where transformers' processor for the architecture has no
                 # fallback (Mixtral, written as llama)
                 fallback = {f"blk.{m['bid']}.ffn_{w}_exps": hf_name for w in ("gate", "up")}
+            if not fallback and (m := re.fullmatch(_EXPERT_STACK, inner)):
+                fallback = {f"blk.{m['bid']}.ffn_{m['proj']}_exps": hf_name}
             if not fallback and (m := re.fullmatch(_EXPERT_BIAS, inner)):
                 fallback = {f"blk.{m['bid']}.ffn_{w}_exps.bias": hf_name
                             for w in (("gate", "up") if m["proj"] == "gate_up" else ("down",))}

@@ -246,9 +246,13 @@ def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Te
     arch = model.config.model_type
     kind = type(module).__name__
     biases = {role.removesuffix("_bias"): stacks.pop(role) for role in list(stacks) if role.endswith("_bias")}
-    if set(stacks) not in ({"gate", "up", "down"}, {"gate_up", "down"}):
+    if kind in UNGATED_EXPERT_MODULES:
+        needs, said = [{"up", "down"}], "up and down (no gate)"
+    else:
+        needs, said = [{"gate", "up", "down"}, {"gate_up", "down"}], "gate, up and down (or gate_up and down)"
+    if set(stacks) not in needs:
         raise FormatError(f"{module_name}: the file has expert stacks {sorted(stacks)}; a "
-                          f"{arch} experts module needs gate, up and down (or gate_up and down)")
+                          f"{arch} experts module needs {said}")
     if kind not in EXPERT_MODULES:
         raise RepackError(f"{arch}: its experts ({module_name}, {kind}) cannot run on quantized "
                           f"stacks yet; {', '.join(sorted(EXPERT_MODULES))} can")
@@ -276,7 +280,10 @@ EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeEx
                   "ExaoneMoeExperts": False, "PhimoeExperts": False,
                   "AfmoeExperts": False, "Qwen3NextExperts": False, "Qwen3_5MoeExperts": False,
                   "Gemma4TextExperts": False, "GraniteMoeHybridExperts": False,
-                  "GraniteMoeSharedExperts": False, "Dots1Experts": False, "Lfm2MoeExperts": False}
+                  "GraniteMoeSharedExperts": False, "Dots1Experts": False, "Lfm2MoeExperts": False,
+                  "NemotronHExperts": False}
+# experts modules without a gate: act(x @ up.T) @ down.T (Nemotron-H's ReLU^2)
+UNGATED_EXPERT_MODULES = {"NemotronHExperts"}
 # experts modules called on every token for every expert (E * T rows, the router's weight
 # applied to the input already): forward(hidden_states) alone
 EVERY_EXPERT_MODULES = {"Llama4TextExperts"}
@@ -289,6 +296,8 @@ def _activation(module):
         apply_gate = module._apply_gate
         return lambda gate, up: apply_gate(interleave(gate, up))
     act_fn = module.act_fn
+    if type(module).__name__ in UNGATED_EXPERT_MODULES:
+        return lambda gate, up: act_fn(up)
     return lambda gate, up: act_fn(gate) * up
 
 
@@ -308,6 +317,10 @@ def _fill_float_experts(module, kind: str, stacks: dict[str, torch.Tensor],
         module.gate_up_proj_bias = nn.Parameter(torch.stack([biases["gate"], biases["up"]], dim=2)
                                                 .flatten(1, 2), requires_grad=False)
         module.down_proj_bias = nn.Parameter(biases["down"], requires_grad=False)
+        return
+    if kind in UNGATED_EXPERT_MODULES:
+        module.up_proj = nn.Parameter(stacks["up"], requires_grad=False)
+        module.down_proj = nn.Parameter(stacks["down"], requires_grad=False)
         return
     gate_up = stacks["gate_up"] if "gate_up" in stacks else torch.cat([stacks["gate"], stacks["up"]], dim=1)
     module.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)

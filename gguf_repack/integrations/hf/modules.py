@@ -92,7 +92,8 @@ class QuantExperts(nn.Module):
     the model has them (gpt-oss). Gate and up of one GGUF type are held joined along N
     (transformers' gate_up_proj, exactly: the planes concatenated), one product for both; each
     token meets only its chosen experts (QTensor.expert_matmul). `activation(gate, up)` is the
-    model's own: act(gate) * up, or gpt-oss's clamped SwiGLU."""
+    model's own: act(gate) * up, or gpt-oss's clamped SwiGLU; act(up) for experts without a
+    gate (Nemotron-H's ReLU^2: gate None, stacks up and down)."""
 
     def __init__(self, gate: QTensor | None, up: QTensor | None, down: QTensor, activation,
                  backend: str = "auto", biases: dict[str, torch.Tensor] | None = None, *,
@@ -104,6 +105,9 @@ class QuantExperts(nn.Module):
             experts, rows, hidden = gate_up.shape
             gate_shape = up_shape = (experts, rows // 2, hidden)
             stacks = {"gate_up": gate_up}
+        elif gate is None:  # experts without a gate (Nemotron-H's): activation(None, up)
+            gate_shape = up_shape = tuple(up.shape)
+            stacks = {"up": up}
         else:
             gate_shape, up_shape = tuple(gate.shape), tuple(up.shape)
             stacks = {"gate_up": join_rows([gate, up])} if gate.qtype is up.qtype \
@@ -139,6 +143,8 @@ class QuantExperts(nn.Module):
         ids = torch.where(top_k_index < self.num_experts, top_k_index, -1)
         if "gate_up" in self.stacks:
             gate, up = self.stack("gate_up").expert_matmul(hidden_states, ids, self.backend).chunk(2, dim=-1)
+        elif "gate" not in self.stacks and "up" in self.stacks:  # (no gate)
+            gate, up = None, self.stack("up").expert_matmul(hidden_states, ids, self.backend)
         else:
             gate = self.stack("gate").expert_matmul(hidden_states, ids, self.backend)
             up = self.stack("up").expert_matmul(hidden_states, ids, self.backend)
