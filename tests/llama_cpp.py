@@ -547,9 +547,12 @@ def mla_files(name: str, outtypes) -> dict[str, Path]:
 
 
 def llama_cpp_file(name: str, outtype: str) -> Path:
-    """One file of llama.cpp's converter, of MODELS or MLA_MODELS, made once into the cache."""
+    """One file of llama.cpp's converter, of MODELS, MLA_MODELS or QWEN3_VL_MODELS, made once
+    into the cache."""
     if name in MLA_MODELS:
         return mla_files(name, [outtype])[outtype]
+    if name in QWEN3_VL_MODELS:
+        return qwen3_vl_files(name, [outtype])[outtype]
     return llama_cpp_files([(name, outtype)])[(name, outtype)]
 
 
@@ -668,6 +671,66 @@ OWN_FILES_MODELS: dict[str, tuple[str, dict, str]] = {
         n_group=1, topk_group=1, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), "glm"),
 }
+
+
+# Qwen3-VL's text models, which llama.cpp writes apart from the vision tower (qwen3vl and
+# qwen3vlmoe; the tower goes to an mmproj file): multimodal rope in interleaved sections, which
+# for text (the three positions equal) is Qwen3's rope. Built as transformers' whole
+# Qwen3VLForConditionalGeneration, a one-block vision tower with one deepstack layer; the
+# reference runs it on text alone. (The expert width: whole Q8_0 blocks at two ranks, and no
+# square stack, whose orientation transformers' loader cannot tell from its shape)
+_QWEN3_VL_TEXT = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                      rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
+                                       "mrope_section": [8, 4, 4], "mrope_interleaved": True})
+_QWEN3_VL_VISION = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                        deepstack_visual_indexes=[0])
+QWEN3_VL_MODELS = {
+    "qwen3-vl": ("qwen3_vl", _QWEN3_VL_TEXT),
+    "qwen3-vl-moe": ("qwen3_vl_moe", dict(_QWEN3_VL_TEXT, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=192, decoder_sparse_step=1,
+                                          norm_topk_prob=True)),
+}
+
+
+def qwen3_vl_files(name: str, outtypes) -> dict[str, Path]:
+    """llama.cpp's text files of QWEN3_VL_MODELS[name] (random weights, bfloat16-exact), made
+    once into the cache: {"hf": the checkpoint, outtype: the file}; the reference is
+    `AutoModelForImageTextToText.from_pretrained(files["hf"])` on text."""
+    model_type, text = QWEN3_VL_MODELS[name]
+    key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, model_type, text, _QWEN3_VL_VISION, "original-layout",
+                                     _version("transformers")], sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_root() / "llama.cpp-made" / f"{name}-{key}"
+    hf = root / "hf"
+    with _locked(hf):
+        if not (hf / "config.json").is_file():
+            from transformers import AutoConfig, AutoModelForImageTextToText
+
+            config = AutoConfig.for_model(model_type, text_config=dict(text, vocab_size=49152, bos_token_id=1,
+                                                                       eos_token_id=2),
+                                          vision_config=_QWEN3_VL_VISION, tie_word_embeddings=False)
+            torch.manual_seed(int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little"))
+            model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(_random_like(p))
+            tmp = Path(tempfile.mkdtemp(dir=root.parent))
+            model.save_pretrained(tmp)
+            if model_type == "qwen3_vl_moe":
+                # the expert stacks as Qwen3-VL-MoE's own checkpoints hold them, (E, in, out),
+                # which llama.cpp's converter reads (transformers 5 saves its own (E, out, in),
+                # and transposes the original's on load: its conversion mapping)
+                from safetensors.torch import load_file, save_file
+
+                tensors = {k: v.transpose(1, 2).contiguous() if k.endswith(("experts.gate_up_proj",
+                                                                                 "experts.down_proj")) else v
+                           for k, v in load_file(tmp / "model.safetensors").items()}
+                save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+            for f in bpe_tokenizer_dir().iterdir():
+                if f.is_file() and f.suffix != ".lock":
+                    shutil.copy(f, tmp / f.name)
+            os.replace(tmp, hf)
+    return {"hf": hf, **_converted(hf, root, name, outtypes)}
 
 
 def glm_4_7_flash_files(outtypes) -> dict[str, Path]:

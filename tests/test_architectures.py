@@ -66,6 +66,8 @@ HALF_PER_RANK_ARCHS = ("llama", "phi3")
 # tests/test_deepseek2.py and tests/test_llama_cpp_files.py hold to the model it was made from
 LLAMA_CPP_TP2 = {"deepseek2": [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8_0")],
                  "glm4moe": [("glm4moe", "q8_0")],
+                 # Qwen3-VL's text models (tests/llama_cpp.py, qwen3_vl_files)
+                 "qwen3vl": [("qwen3-vl", "q8_0")], "qwen3vlmoe": [("qwen3-vl-moe", "q8_0")],
                  # config.json by arch_configs.py's table (Cohere2: its window as vLLM counts it),
                  # every variant of each (Gemma 4's three shapes)
                  **{row: [(name, "q8_0") for name in MODELS if table_row(name) == row]

@@ -29,6 +29,7 @@ from hf_models import assert_same_predictions, kl_per_position
 from llama_cpp import (
     MLA_MODELS,
     MODELS,
+    QWEN3_VL_MODELS,
     TOKENIZER_MODEL_TYPE,
     VLLM_BFLOAT16_ONLY,
     VLLM_OWN_REFERENCE,
@@ -37,6 +38,7 @@ from llama_cpp import (
     hf_model_dir,
     llama_cpp_files,
     mla_files,
+    qwen3_vl_files,
     qwen35_mtp_files,
     save_checkpoint,
 )
@@ -72,11 +74,15 @@ def table_row(name: str) -> str:
         return "deepseek2"
     if name == "glm4moe-mtp":  # (glm_mtp_files)
         return "glm4moe"
+    if name in QWEN3_VL_MODELS:  # (qwen3_vl_files)
+        return {"qwen3-vl": "qwen3vl", "qwen3-vl-moe": "qwen3vlmoe"}[name]
     model_type = MODELS[name][0]
-    return {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
+    # (an architecture whose config is another's class, Qwen3-VL's text as qwen3, is not the
+    # row of that class's own models)
+    own = {spec.model_type: arch for arch, spec in ARCHS.items() if spec.model_type not in ARCHITECTURES}
+    return {**own, "gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
             "gpt_oss": "gpt-oss", "glm4_moe": "glm4moe", "granitemoeshared": "granitemoe",
-            "olmo3": "olmo2",
-            **{spec.model_type: arch for arch, spec in ARCHS.items()}}.get(model_type, model_type)
+            "olmo3": "olmo2"}.get(model_type, model_type)
 
 
 # architectures transformers' GGUF path cannot read: these files are their transformers tests
@@ -101,7 +107,9 @@ def made(module_tmp):
             # (MLA's files: tests/test_deepseek2.py holds them to their models)
             src = (mla_files(name, [outtype])[outtype] if name in MLA_MODELS else
                    glm_mtp_files([outtype])[outtype] if name == "glm4moe-mtp" else
-                   qwen35_mtp_files([outtype])[outtype] if name == "qwen35-mtp" else files[(name, outtype)])
+                   qwen35_mtp_files([outtype])[outtype] if name == "qwen35-mtp" else
+                   qwen3_vl_files(name, [outtype])[outtype] if name in QWEN3_VL_MODELS else
+                   files[(name, outtype)])
             out = module_tmp(f"{name}-{outtype}") / "out"
             cache[name, outtype] = src, out, convert(src, out)
         return cache[name, outtype]
@@ -130,10 +138,11 @@ def test_float_file_gives_the_model_it_was_made_from(name, outtype, made):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
-def q8_0_reference(name: str, src) -> torch.nn.Module:
-    """The model with every weight the file holds as Q8_0 replaced by gguf-py's Q8_0 round
-    trip: found by shape among the model's (out, in) weights (GPT-2's Conv1D: (in, out))."""
-    model = build_model(name)
+def q8_0_reference(name: str, src, model=None) -> torch.nn.Module:
+    """The model (`build_model(name)`, or `model`) with every weight the file holds as Q8_0
+    replaced by gguf-py's Q8_0 round trip: found by shape among the model's (out, in) weights
+    (GPT-2's Conv1D: (in, out)); a vision tower's (Qwen3-VL's, not in the file) left alone."""
+    model = build_model(name) if model is None else model
     quantized = {}
     # (the file's tensor types by the project's scanner: gguf-py's reader takes 10 s on the
     # 49k-token vocabulary; these are not the reference's values, only a census of them)
@@ -147,8 +156,8 @@ def q8_0_reference(name: str, src) -> torch.nn.Module:
     done = {}
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if p.dim() < 2 or re.search(r"(norm|wpe|position|conv1d|\.gate\.|router|shared_expert_gate)",
-                                        pname):
+            if p.dim() < 2 or re.search(
+                    r"(norm|wpe|position|conv1d|\.gate\.|router|shared_expert_gate|visual)", pname):
                 continue
             transposed = pname.rpartition(".")[0] in conv1d
             w = p.mT if transposed else p
@@ -170,6 +179,43 @@ def q8_0_reference(name: str, src) -> torch.nn.Module:
     for shape, n in quantized.items():
         by_width[shape[-1]] = by_width.get(shape[-1], 0) + n
     return model, by_width, done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.architecture(c, table_row(n))
+                                                          for c in ("convert", "transformers", "llama_cpp")])
+                                  for n in sorted(QWEN3_VL_MODELS)])
+def test_qwen3_vl_text_files_give_the_models_text_predictions(name, made):
+    """Qwen3-VL's text files (qwen3vl, qwen3vlmoe), from transformers' whole
+    Qwen3VLForConditionalGeneration (vision tower and all; the converter writes the text model):
+    config.json Qwen3's (Qwen3-MoE's), whose rope is the multimodal rope's on text. The F32 file
+    gives the whole model's predictions on text (KL <= 1e-4, the same greedy tokens); the Q8_0
+    file the whole model with the file's Q8_0 weights round-tripped, within KL 1e-3, at most
+    1.2x the file's tensor bytes held."""
+    from transformers import AutoModelForImageTextToText
+
+    from gguf_repack.hf import load_model
+
+    def reference():
+        return AutoModelForImageTextToText.from_pretrained(qwen3_vl_files(name, [])["hf"]).eval()
+
+    src, out, summary = made(name, "f32")
+    assert verify(out, against=src).ok and summary.engine_file_warnings == []
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == {"qwen3-vl": "qwen3", "qwen3-vl-moe": "qwen3_moe"}[name]
+    assert_same_predictions(load_model(out), reference(), prompt_ids(out), steps=8)
+
+    src, out, _ = made(name, "q8_0")
+    ours = load_model(out)
+    ref, in_file, in_reference = q8_0_reference(name, src, reference())
+    assert in_reference == in_file
+    ids = prompt_ids(out)
+    with torch.no_grad():
+        kl = kl_per_position(ref(input_ids=ids).logits[0], ours(ids).logits[0])
+    assert kl.max().item() <= KL_Q8_0, kl.max().item()
+    held = sum(t.numel() * t.element_size() for t in [*ours.parameters(), *ours.buffers()])
+    source = sum(t["source"]["nbytes"] for t in json.loads((out / "manifest.json").read_text())["tensors"])
+    assert held <= 1.2 * source, (held / source)
 
 
 def tiled_value_heads(config) -> torch.Tensor:
@@ -368,7 +414,9 @@ VLLM_PAIRS = [("llama", "f16"), ("llama-rope-llama3", "f32"), ("llama-rope-yarn"
                 and table_row(name) not in VLLM_BFLOAT16_ONLY | VLLM_OWN_REFERENCE),
               # Llama 4 float too (vLLM's own experts method; its load_weights reorders the q/k
               # rows, which the plugin gives the quantized planes: weights._load_row_order)
-              ("llama4", "f32")]
+              ("llama4", "f32"),
+              # Qwen3-VL's text models, run as Qwen3 and Qwen3-MoE
+              ("qwen3-vl", "q8_0"), ("qwen3-vl-moe", "q8_0")]
 # and a shorter one (22 tokens, past the original context of the rope-scaled models: under
 # it, transformers and vLLM pick LongRoPE's factors differently): over the long prompt some
 # tiny random models repeat one token

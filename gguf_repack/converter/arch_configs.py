@@ -335,6 +335,13 @@ ARCHS: dict[str, ArchConfig] = {
         "moe_latent_size": "moe_latent_size", "ssm.conv_kernel": "conv_kernel",
         "ssm.state_size": "ssm_state_size", "ssm.group_count": "n_groups",
         "ssm.time_step_rank": "mamba_num_heads"}, details=_nemotron_h),
+    # Qwen3-VL's text models (the vision tower is in the mmproj file, which convert does not
+    # take): Qwen3's and Qwen3-MoE's layers with multimodal rope, which for text (its three
+    # positions equal) is their rope, whatever its sections; llama.cpp normalizes the chosen
+    # experts' weights, as for qwen3moe
+    "qwen3vl": ArchConfig("qwen3"),
+    "qwen3vlmoe": ArchConfig("qwen3_moe", fixed={"norm_topk_prob": True, "decoder_sparse_step": 1,
+                                                 "mlp_only_layers": []}),
     "ernie4_5": ArchConfig("ernie4_5"),
     "ernie4_5-moe": ArchConfig("ernie4_5_moe", {"expert_count": "moe_num_experts",
                                                 "expert_used_count": "moe_k",

@@ -68,6 +68,8 @@ IGNORED = {
                                   "value_length is key_length)",
     "tensor_data_layout": "Falcon's QKV row order, which the tensor mapping undoes",
     "ssm.dt_b_c_rms": "Falcon-Mamba's extra norms; Mamba's config has no such option (false here)",
+    "n_deepstack_layers": "Qwen3-VL's layers that add visual features (its vision tower is in the mmproj "
+                          "file); text alone passes them through",
 }
 # Keys read elsewhere: the tokenizer's (transformers' GGUF tokenizer conversion) and the split
 # set's (the reader); and the file's provenance and sampling defaults, which are not the

@@ -116,6 +116,10 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                                        "the gated norm in float32, as in the file), attention layers "
                                        "without rope, MoE layers (ReLU^2 experts without a gate, a shared "
                                        "expert, sigmoid routing with the correction bias)"),
+    "qwen3vl": _row(note=_OWN + "; Qwen3-VL's text model (its vision tower is in the mmproj file, which "
+                                "convert does not take): run as Qwen3, which it is for text (multimodal "
+                                "rope with its three positions equal)"),
+    "qwen3vlmoe": _row(note=_OWN + "; Qwen3-VL-MoE's text model, run as Qwen3-MoE (as qwen3vl)"),
     "ernie4_5": _row(note=_OWN),
     "ernie4_5-moe": _row(vllm=NO_CPU_BIASED_ROUTER, tp2=NO_CPU_BIASED_ROUTER,
                          note=_OWN + "; MoE with the correction bias, its first layer dense"),

@@ -167,7 +167,8 @@ def skip_reason(gguf_name: str, config: dict | None = None) -> str | None:
 # as it does another's, by the architecture whose transformers fix undoes it: llama's Q/K rows
 # permuted for its rope (LlamaModel's subclasses with undo_permute), Gemma's norms stored 1 + w
 SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "granitehybrid": "llama", "arcee": "llama",
-               "smollm3": "llama", "mistral3": "llama", "gemma": "gemma2"}
+               "smollm3": "llama", "mistral3": "llama", "gemma": "gemma2", "qwen3vl": "qwen3",
+               "qwen3vlmoe": "qwen3moe"}
 
 
 # parameters llama.cpp's converter renames before it maps the name, as (the parameter's name, the
