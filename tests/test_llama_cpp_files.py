@@ -530,6 +530,8 @@ def test_arch_config_tables_read_the_layers_llama_cpp_runs():
         "layers_block_type": ["mamba", "moe", "attention", "moe"], "mamba_head_dim": 64,
         "num_hidden_layers": 4, "num_nextn_predict_layers": 1, "num_key_value_heads": 2,
         "use_conv_bias": True}
+    with pytest.raises(ValueError, match="4 values for 5 blocks"):  # (a count per block, or one)
+        own_config("nemotron_h_moe", {**nano, "feed_forward_length": [0, 1856, 0, 1856]}.get, tokens, set())
 
 
 def test_gemma4_table_reads_its_layers_as_llama_cpp_writes_them():

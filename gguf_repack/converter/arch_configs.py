@@ -204,15 +204,31 @@ def _mamba2_shape(get, tensor_names) -> dict:
             "proj_bias": any_block_has(tensor_names, "ssm_in.bias")}
 
 
+def _per_layer(get, key: str) -> list[int]:
+    """A count llama.cpp writes once or one per block (KV heads, feed-forward widths), per
+    block (block_count, draft layers included); 0s where the file has none."""
+    blocks, v = int(get("block_count")), get(key)
+    v = [int(v or 0)] * blocks if v is None or not np.ndim(v) else [int(n) for n in v]
+    if len(v) != blocks:
+        raise ValueError(f"{key}: {len(v)} values for {blocks} blocks")
+    return v
+
+
+def _attention_layers(get, layers: int) -> list[int]:
+    """The KV heads of each of the model's `layers` (draft layers past them left out) of a
+    hybrid model: 0 where the layer is no attention layer, as llama.cpp tells them apart
+    (Granite 4.0-H's Mamba-2, LFM2's convolutions, Nemotron-H's Mamba-2 and MLPs)."""
+    kv = _per_layer(get, "attention.head_count_kv")[:layers]
+    if not any(kv):
+        raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
+    return kv
+
+
 def _granite_hybrid(get, tensor_names) -> dict:
     """Granite 4.0-H (and Bamba): Mamba-2 layers and attention layers, which llama.cpp tells
     apart by their KV heads (0: Mamba-2); rope only where the file says so (Granite 4.0-H has
     none: its attention layers are position-free)."""
-    layers = int(get("block_count"))
-    kv = get("attention.head_count_kv")
-    kv = [int(kv)] * layers if kv is None or not np.ndim(kv) else [int(n) for n in kv]
-    if len(kv) != layers or not any(kv):
-        raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
+    kv = _attention_layers(get, int(get("block_count")))
     mamba = _mamba2_shape(get, tensor_names)
     return {"layer_types": ["attention" if n else "mamba" for n in kv], "num_key_value_heads": max(kv),
             "mamba_expand": mamba["expand"], "mamba_d_head": mamba["head_dim"],
@@ -228,11 +244,7 @@ def _lfm2_moe(get, tensor_names) -> dict:
     if get("expert_gating_func") != GATING_SIGMOID:
         raise ValueError(f"expert gating function {get('expert_gating_func')}: LFM2-MoE routes by "
                          f"sigmoid scores")
-    layers = int(get("block_count"))
-    kv = get("attention.head_count_kv")
-    kv = [int(kv)] * layers if kv is None or not np.ndim(kv) else [int(n) for n in kv]
-    if len(kv) != layers or not any(kv):
-        raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
+    kv = _attention_layers(get, int(get("block_count")))
     return {"layer_types": ["full_attention" if n else "conv" for n in kv], "num_key_value_heads": max(kv),
             "use_expert_bias": any_block_has(tensor_names, "exp_probs_b.bias"), "norm_topk_prob": True}
 
@@ -242,16 +254,9 @@ def _nemotron_h(get, tensor_names) -> dict:
     as llama.cpp tells them: attention where the layer has KV heads, an MLP (MoE in
     nemotron_h_moe) where it has a feed-forward width, else Mamba-2; attention without rope."""
     layers = int(get("block_count")) - int(get("nextn_predict_layers") or 0)
-
-    def per_layer(key):
-        v = get(key)
-        v = [int(v or 0)] * layers if v is None or not np.ndim(v) else [int(n) for n in v]
-        return v[:layers]
-    kv, ff = per_layer("attention.head_count_kv"), per_layer("feed_forward_length")
+    kv, ff = _attention_layers(get, layers), _per_layer(get, "feed_forward_length")[:layers]
     mlp = "moe" if get("expert_count") else "mlp"
     kinds = ["attention" if k else mlp if f else "mamba" for k, f in zip(kv, ff)]
-    if "attention" not in kinds:
-        raise ValueError(f"KV heads per layer {kv}: no attention layer among {layers}")
     details = {"layers_block_type": kinds, "num_key_value_heads": max(kv), "num_hidden_layers": layers,
                # (the draft layer, past the model's: its tensors are left out, tensor_map.MTP_LAYER)
                "num_nextn_predict_layers": int(get("nextn_predict_layers") or 0),
