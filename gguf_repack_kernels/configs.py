@@ -129,9 +129,10 @@ GEMV_CANDIDATES += [{"ROWS": 1, "PARTS": parts, "num_warps": warps, "SPLIT_K": 1
 GEMV_CANDIDATES += [{"ROWS": rows, "PARTS": parts, "num_warps": 4, "PROGRAMS_PER_SM": programs}
                     for rows in (2, 4) for parts in (1, 2) for programs in (4, 8)]
 # and the K loop under Triton's software pipeliner (gemv.gemv_dot_row's STAGES): the next
-# iteration's planes in flight while one computes, for 7-9% more loop instructions (sm_90:
-# scripts/gemv_stages.py). Only for blocks of 32 weights: the pipeliner took 42 s to compile
-# Q4_K's loop (2.9 s without; Q4_0's 0.6 s), too long a first call for the 256-weight types
+# iteration's planes in flight while one computes, for 6-8% more loop instructions (sm_90:
+# scripts/gemv_stages.py). Only for blocks of 32 weights: the pipeliner took 45 s (2 stages) and
+# 113 s (3) to compile Q4_K's loop (3 s without; Q4_0's under 1 s), too long a first call for
+# the 256-weight types (BENCHMARKS.md)
 GEMV_CANDIDATES += [{"ROWS": 4, "PARTS": 1, "num_warps": 4, "STAGES": stages} for stages in (2, 3)]
 GEMV_STAGES_BLOCK = 32
 GEMM_CANDIDATES = {
