@@ -281,6 +281,12 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                                  max_position_embeddings=256, layer_types=["conv", "full_attention", "conv"],
                                  num_dense_layers=1, num_experts=4, num_experts_per_tok=2), "bpe"),
+    # DBRX: LayerNorm, q, k and v in one tensor, clamped; experts in every layer (64 wide:
+    # whole Q8_0 blocks per rank at TP 2)
+    "dbrx": ("dbrx", dict(d_model=128, n_heads=4, n_layers=2, max_seq_len=256,
+                          attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=0.5),
+                          ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2),
+                          tie_word_embeddings=False), "bpe"),
     "qwen2moe": ("qwen2_moe", dict(_SMALL, **_MOE, shared_expert_intermediate_size=64,
                                    tie_word_embeddings=False), "bpe"),
     # (llama.cpp always normalizes the chosen experts' weights for qwen3moe, as Qwen3-MoE models do)
@@ -425,6 +431,24 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                           moe_intermediate_size=64, moe_shared_expert_intermediate_size=128,
                                           routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1,
                                           topk_group=1, tie_word_embeddings=False), "bpe"),
+    # Jamba: Mamba layers (with norms of dt, B and C), attention every other layer, MoE every
+    # other layer (a SentencePiece vocabulary: the converter writes the tokenizer's size)
+    "jamba": ("jamba", dict(_SMALL, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
+                            expert_layer_period=2, expert_layer_offset=1, num_experts=4,
+                            num_experts_per_tok=2,
+                            mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, tie_word_embeddings=False),
+              "spm"),
+    # Falcon-H1: attention and Mamba-2 (two groups, its norm after the gate) side by side, with
+    # multipliers that the converter multiplies into the weights (powers of two: Q8_0 of the
+    # product is the product of Q8_0)
+    "falcon-h1": ("falcon_h1", dict(_SMALL, head_dim=32, mamba_d_ssm=256, mamba_n_heads=8, mamba_d_head=32,
+                                    mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                                    mamba_chunk_size=64, mamba_rms_norm=True, mamba_norm_before_gate=False,
+                                    tie_word_embeddings=False, embedding_multiplier=2.0,
+                                    lm_head_multiplier=0.5, mlp_multipliers=[0.5, 2.0], key_multiplier=0.5,
+                                    attention_in_multiplier=2.0, attention_out_multiplier=0.5,
+                                    ssm_in_multiplier=0.5, ssm_out_multiplier=2.0,
+                                    ssm_multipliers=[2.0, 0.5, 1.0, 0.5, 2.0]), "bpe"),
     "granitehybrid": ("granitemoehybrid", dict(_SMALL, intermediate_size=64, num_hidden_layers=4,
                                                layer_types=["mamba", "attention"] * 2, num_local_experts=4,
                                                num_experts_per_tok=2, shared_intermediate_size=128,

@@ -146,21 +146,26 @@ def q8_0_reference(name: str, src, model=None) -> torch.nn.Module:
     quantized = {}
     # (the file's tensor types by the project's scanner: gguf-py's reader takes 10 s on the
     # 49k-token vocabulary; these are not the reference's values, only a census of them)
+    routers = False  # (llama.cpp's converter quantizes DBRX's router; llama-quantize others' not)
     for t in read_gguf(src).tensors:
         if t.type.name == "Q8_0":
             shape = t.shape
             quantized[shape] = quantized.get(shape, 0) + int(np.prod(shape))
+            routers |= t.name.endswith("ffn_gate_inp.weight")
     # modules holding (in, out) weights: GPT-2's Conv1D, gpt-oss's and Llama 4's experts
     conv1d = {n for n, m in model.named_modules()
               if type(m).__name__ in ("Conv1D", "GptOssExperts", "Llama4TextExperts")}
+    skip = r"(norm[^.]*\.weight$|wpe|position|conv1d|\.gate\.|shared_expert_gate|visual" + \
+        ("" if routers else "|router") + ")"
     done = {}
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if p.dim() < 2 or re.search(
-                    r"(norm|wpe|position|conv1d|\.gate\.|router|shared_expert_gate|visual)", pname):
+            if p.dim() < 2 or re.search(skip, pname):
                 continue
             transposed = pname.rpartition(".")[0] in conv1d
             w = p.mT if transposed else p
+            if pname.endswith(".experts.mlp.w2"):  # (DBRX's down stack: each expert's (ffn, hidden))
+                w = p.view(-1, model.config.ffn_config.ffn_hidden_size, p.shape[-1]).mT
             shape = tuple(w.shape)
             if shape[-1] % 32:
                 continue
@@ -172,7 +177,7 @@ def q8_0_reference(name: str, src, model=None) -> torch.nn.Module:
             back = torch.from_numpy(back).reshape(shape)
             if order is not None:
                 back = back[:, torch.argsort(order)]
-            p.copy_(back.mT if transposed else back)
+            w.copy_(back)
             done[shape[-1]] = done.get(shape[-1], 0) + p.numel()
     # the same weights quantized, by row width (engines join or split some: gate and up)
     by_width = {}
@@ -532,6 +537,18 @@ def test_arch_config_tables_read_the_layers_llama_cpp_runs():
         "use_conv_bias": True}
     with pytest.raises(ValueError, match="4 values for 5 blocks"):  # (a count per block, or one)
         own_config("nemotron_h_moe", {**nano, "feed_forward_length": [0, 1856, 0, 1856]}.get, tokens, set())
+    # Jamba-v0.1's pattern: attention every 8th layer from the 4th, MoE every other layer, read
+    # back as its period and offset; layers that follow no period get no config, with the reason
+    jamba = {"block_count": 16, "attention.head_count": 32, "embedding_length": 4096,
+             "attention.head_count_kv": [8 if i % 8 == 4 else 0 for i in range(16)], "ssm.inner_size": 8192}
+    routers = {f"blk.{i}.ffn_gate_inp.weight" for i in range(1, 16, 2)}
+    got = own_config("jamba", jamba.get, tokens, routers)
+    assert {k: got[k] for k in ("attn_layer_period", "attn_layer_offset", "expert_layer_period",
+                                "expert_layer_offset", "mamba_expand", "num_key_value_heads")} == {
+        "attn_layer_period": 8, "attn_layer_offset": 4, "expert_layer_period": 2, "expert_layer_offset": 1,
+        "mamba_expand": 2, "num_key_value_heads": 8}
+    with pytest.raises(ValueError, match=r"MoE layers \[1, 2\] are not every n-th layer"):
+        own_config("jamba", jamba.get, tokens, {"blk.1.ffn_gate_inp.weight", "blk.2.ffn_gate_inp.weight"})
 
 
 def test_gemma4_table_reads_its_layers_as_llama_cpp_writes_them():

@@ -236,6 +236,69 @@ def _granite_hybrid(get, tensor_names) -> dict:
             "position_embedding_type": "rope" if get("rope.scaling.finetuned") else "nope"}
 
 
+def _period(kinds: list[bool], what: str) -> tuple[int, int]:
+    """(period, offset) of the layers that are `what` (kinds[i]), as configs that say "every
+    period-th layer from offset" have them (Jamba's): the shortest that gives these layers."""
+    for period in range(1, len(kinds) + 1):
+        for offset in range(period):
+            if all(kind == (i % period == offset) for i, kind in enumerate(kinds)):
+                return period, offset
+    raise ValueError(f"{what} layers {[i for i, k in enumerate(kinds) if k]} are not every n-th layer")
+
+
+def _jamba(get, tensor_names) -> dict:
+    """Jamba: Mamba (1) layers and attention layers, which llama.cpp tells apart by their KV
+    heads (0: Mamba), MoE every n-th layer (llama.cpp: where the layer has a router); the
+    Mamba mixer's widths as llama.cpp writes them."""
+    layers = int(get("block_count"))
+    kv = _attention_layers(get, layers)
+    attn_period, attn_offset = _period([bool(n) for n in kv], "attention")
+    moe_period, moe_offset = _period([f"blk.{i}.ffn_gate_inp.weight" in tensor_names for i in range(layers)],
+                                     "MoE")
+    inner, hidden = int(get("ssm.inner_size")), int(get("embedding_length"))
+    if inner % hidden:
+        raise ValueError(f"a Mamba inner width of {inner} for a hidden size of {hidden}")
+    return {"num_key_value_heads": max(kv), "attn_layer_period": attn_period,
+            "attn_layer_offset": attn_offset, "expert_layer_period": moe_period,
+            "expert_layer_offset": moe_offset, "mamba_expand": inner // hidden,
+            "mamba_conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
+            "mamba_proj_bias": any_block_has(tensor_names, "ssm_in.bias")}
+
+
+def _falcon_h1(get, tensor_names) -> dict:
+    """Falcon-H1: attention and a Mamba-2 mixer side by side in every layer. llama.cpp's
+    converter multiplies Falcon-H1's multipliers into the weights (embedding, lm_head, q/k/v
+    and output, the MLP's gate and down, the mixer's input rows and output), so config.json
+    says 1 for each; its Mamba-2 norm (where the file has one) comes after the gate
+    (models/mamba-base.cpp: y * silu(z), then the grouped RMS norm)."""
+    inner, heads = int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    if inner % heads:
+        raise ValueError(f"a Mamba-2 inner width of {inner} for {heads} heads")
+    return {"mamba_d_ssm": inner, "mamba_d_head": inner // heads,
+            "mamba_conv_bias": any_block_has(tensor_names, "ssm_conv1d.bias"),
+            "mamba_proj_bias": any_block_has(tensor_names, "ssm_in.bias"),
+            "mamba_rms_norm": any_block_has(tensor_names, "ssm_norm.weight"), "mamba_norm_before_gate": False,
+            "projectors_bias": any_block_has(tensor_names, "attn_output.bias"),
+            "embedding_multiplier": 1.0, "lm_head_multiplier": 1.0, "mlp_multipliers": [1.0, 1.0],
+            "key_multiplier": 1.0, "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0,
+            "ssm_in_multiplier": 1.0, "ssm_out_multiplier": 1.0, "ssm_multipliers": [1.0] * 5}
+
+
+def _dbrx(get, tensor_names) -> dict:
+    """DBRX: its attention's and experts' fields are configs of their own (attn_config,
+    ffn_config); softmax routing, the chosen weights normalized (llama.cpp's models/dbrx.cpp:
+    norm_w, as DBRX's moe_normalize_expert_weights 1), q, k and v clamped."""
+    clamp = get("attention.clamp_kqv")
+    return {"attn_config": {"kv_n_heads": int(get("attention.head_count_kv") or get("attention.head_count")),
+                            "clip_qkv": float(clamp) if clamp else None,
+                            # (transformers' attention reads its rope base here)
+                            "rope_theta": float(get("rope.freq_base") or 10000.0)},
+            "ffn_config": {"hidden_size": int(get("embedding_length")),
+                           "ffn_hidden_size": int(get("feed_forward_length")),
+                           "moe_num_experts": int(get("expert_count")),
+                           "moe_top_k": int(get("expert_used_count")), "moe_normalize_expert_weights": 1.0}}
+
+
 def _lfm2_moe(get, tensor_names) -> dict:
     """LFM2-MoE (LFM2-8B-A1B, LFM2-24B-A2B): short-convolution layers and attention layers,
     which llama.cpp tells apart by their KV heads (0: a convolution); sigmoid routing, the
@@ -369,6 +432,22 @@ ARCHS: dict[str, ArchConfig] = {
                                   "expert_weights_scale": "routed_scaling_factor",
                                   "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group",
                                   "expert_group_used_count": "topk_group"}),
+    # Jamba: Mamba layers with norms of dt, B and C, attention layers every n-th (no rope), MoE
+    # every n-th layer
+    "jamba": ArchConfig("jamba", {"ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state",
+                                  "ssm.time_step_rank": "mamba_dt_rank", "attention.head_count_kv": None},
+                        details=_jamba),
+    # Falcon-H1: attention and Mamba-2 in parallel in each layer, its multipliers in the weights
+    "falcon-h1": ArchConfig("falcon_h1", {"ssm.conv_kernel": "mamba_d_conv",
+                                          "ssm.state_size": "mamba_d_state",
+                                          "ssm.group_count": "mamba_n_groups",
+                                          "ssm.time_step_rank": "mamba_n_heads", "vocab_size": "vocab_size"},
+                            details=_falcon_h1),
+    # DBRX: LayerNorm without bias, q, k and v in one tensor (clamped), MoE in every layer
+    "dbrx": ArchConfig("dbrx", {"embedding_length": "d_model", "block_count": "n_layers",
+                                "attention.head_count": "n_heads", "context_length": "max_seq_len",
+                                "attention.head_count_kv": None, "feed_forward_length": None,
+                                "expert_count": None, "expert_used_count": None}, details=_dbrx),
     # Hunyuan dense (V1): q/k norms per head
     "hunyuan-dense": ArchConfig("hunyuan_v1_dense"),
     # Gemma (1): llama.cpp stores the norms as 1 + w, as for Gemma 2 and 3

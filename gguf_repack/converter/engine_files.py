@@ -237,7 +237,22 @@ def _complete_config(path: Path) -> None:
     config["dtype"] = "float32"
     for key, same_as in _ORIGINAL_CONFIG_KEYS.get(config.get("model_type"), {}).items():
         config.setdefault(key, config[same_as])
+    for key in _SUB_CONFIGS.get(config.get("model_type"), ()):
+        # as the model's own repository writes them: its fields only (transformers 5.25 adds
+        # every PretrainedConfig field, which the transformers vLLM pins, 5.19, refuses)
+        base = _pretrained_config_fields()
+        config[key] = {k: v for k, v in config[key].items() if k not in base}
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+# configs within the config, by model type: DBRX's attention and experts
+_SUB_CONFIGS = {"dbrx": ("attn_config", "ffn_config")}
+
+
+def _pretrained_config_fields() -> set[str]:
+    from transformers import PretrainedConfig
+
+    return set(PretrainedConfig().to_dict())
 
 
 class _quiet_transformers:

@@ -50,6 +50,8 @@ MAPPED = {
     "embedding_length_per_layer_input",
     # Granite 4.0-H's: whether its attention layers rotate (rope.scaling.finetuned, as llama.cpp reads it)
     "rope.scaling.finetuned",
+    # DBRX's clamp of q, k and v
+    "attention.clamp_kqv",
 }
 # Keys that carry nothing an engine needs from config.json, each with the reason.
 IGNORED = {

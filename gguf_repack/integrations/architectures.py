@@ -135,6 +135,15 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "dots1": _row(vllm=NO_VLLM_DOTS1, tp2=NO_VLLM_DOTS1,
                   note=_OWN + "; dots.llm1: MoE with DeepSeek-V3's routing (sigmoid, correction bias), "
                               "a shared expert, the first layer dense, q/k norms"),
+    "jamba": _row(vllm=NO_MAMBA_KERNEL, tp2=NO_MAMBA_KERNEL,
+                  note=_OWN + "; Jamba: Mamba layers (A, D, the convolution and the norms of dt, B and C "
+                              "in float32, as in the file) and attention layers without rope, MoE every "
+                              "other layer"),
+    "falcon-h1": _row(note=_OWN + "; Falcon-H1: attention and Mamba-2 side by side in every layer (A, D, "
+                                  "the convolution and the gated norm in float32, as in the file); the "
+                                  "multipliers, which llama.cpp's converter multiplies into the weights, 1"),
+    "dbrx": _row(note=_OWN + "; DBRX: LayerNorm, q, k and v in one tensor, clamped; MoE in every layer "
+                             "(softmax, normalized)"),
     "hunyuan-dense": _row(note=_OWN + "; Hunyuan dense (V1): q/k norms per head"),
     "mistral3": _row(note=_OWN + "; Ministral 3, Mistral Small 3.x (text): YaRN, queries scaled by "
                                  "position (Llama 4's beta)"),

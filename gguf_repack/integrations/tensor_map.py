@@ -193,27 +193,28 @@ def tensor_processor(gguf_arch: str, config: dict):
     if gguf_arch in QWEN_DELTA_NET:
         return _qwen_delta_net_processor(TensorProcessor)(config=config)
     base = TENSOR_PROCESSORS.get(SAME_FIX_AS.get(gguf_arch, gguf_arch), TensorProcessor)
-    if gguf_arch in MAMBA2:
-        return _mamba2_processor(base)(config=config)
+    if gguf_arch in SSM_A_STORED:
+        return _ssm_a_processor(base)(config=config)
     return base(config=config)
 
 
-# llama.cpp's architectures with Mamba-2 layers, whose converter stores A_log as ssm_a = -exp(A_log)
-MAMBA2 = ("granitehybrid", "mamba2", "nemotron_h_moe")
+# llama.cpp's architectures with Mamba-2 layers, and Jamba's Mamba layers, whose converter stores
+# A_log as ssm_a = -exp(A_log) (transformers' GGUF path undoes it for mamba alone)
+SSM_A_STORED = ("granitehybrid", "mamba2", "nemotron_h_moe", "falcon-h1", "jamba")
 
 
-def _mamba2_processor(base):
-    """`base` (the architecture's own processor: llama's Q/K rows for Granite) with Mamba-2's
+def _ssm_a_processor(base):
+    """`base` (the architecture's own processor: llama's Q/K rows for Granite) with
     ssm_a = -exp(A_log) undone."""
     from transformers.modeling_gguf_pytorch_utils import GGUFTensor
 
-    class Mamba2Processor(base):
+    class SsmAProcessor(base):
         def process(self, weights, name, **kwargs):
             if re.fullmatch(r"blk\.\d+\.ssm_a", name):
                 return GGUFTensor(np.log(-weights), name, {})
             return super().process(weights, name, **kwargs)
 
-    return Mamba2Processor
+    return SsmAProcessor
 
 
 # llama.cpp's architectures of Qwen's gated delta-net models, whose converter changes values and
@@ -284,6 +285,10 @@ def gguf_to_hf_names(model, gguf_arch: str, processor) -> dict[str, str]:
                     # or, for a 3-D expert stack, .weight
                     base, dot, suffix = full, "", ""
             gguf_name = name_map.get_name(base)
+            if gguf_name is None and suffix and (whole := name_map.get_name(f"{base}.{suffix}")):
+                # gguf-py's map holds a few names with their suffix (Falcon-H1's
+                # pre_ff_layernorm.weight): the GGUF tensor has none of its own (blk.N.ffn_norm)
+                gguf_name, dot, suffix = whole, "", ""
             if gguf_name is not None and layer and not gguf_name.startswith(f"blk.{layer[1]}."):
                 continue
             if gguf_name is not None and gguf_name.endswith(".ffn_gate_up_exps"):

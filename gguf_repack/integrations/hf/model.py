@@ -243,6 +243,9 @@ def _place_experts(model, module_name: str, stacks: dict[str, QTensor | torch.Te
     """An experts module of transformers' MoE models made a QuantExperts over the file's
     stacks (and their biases, gpt-oss's)."""
     module = model.get_submodule(module_name)
+    if type(module).__name__ in EXPERT_WEIGHT_HOLDERS:  # (the experts module is its parent)
+        module_name = module_name.rpartition(".")[0]
+        module = model.get_submodule(module_name)
     arch = model.config.model_type
     kind = type(module).__name__
     biases = {role.removesuffix("_bias"): stacks.pop(role) for role in list(stacks) if role.endswith("_bias")}
@@ -281,7 +284,10 @@ EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeEx
                   "AfmoeExperts": False, "Qwen3NextExperts": False, "Qwen3_5MoeExperts": False,
                   "Gemma4TextExperts": False, "GraniteMoeHybridExperts": False,
                   "GraniteMoeSharedExperts": False, "Dots1Experts": False, "Lfm2MoeExperts": False,
-                  "NemotronHExperts": False}
+                  "NemotronHExperts": False, "DbrxExperts": False, "JambaExperts": False}
+# modules holding the expert stacks of an experts module, their parent: DBRX's experts.mlp
+# (its forward takes one expert's weights; the routing is the parent's)
+EXPERT_WEIGHT_HOLDERS = {"DbrxExpertGLU"}
 # experts modules without a gate: act(x @ up.T) @ down.T (Nemotron-H's ReLU^2)
 UNGATED_EXPERT_MODULES = {"NemotronHExperts"}
 # experts modules called on every token for every expert (E * T rows, the router's weight
@@ -295,7 +301,7 @@ def _activation(module):
     if type(module).__name__ == "GptOssExperts":
         apply_gate = module._apply_gate
         return lambda gate, up: apply_gate(interleave(gate, up))
-    act_fn = module.act_fn
+    act_fn = module.mlp.activation_fn if type(module).__name__ == "DbrxExperts" else module.act_fn
     if type(module).__name__ in UNGATED_EXPERT_MODULES:
         return lambda gate, up: act_fn(up)
     return lambda gate, up: act_fn(gate) * up
@@ -317,6 +323,11 @@ def _fill_float_experts(module, kind: str, stacks: dict[str, torch.Tensor],
         module.gate_up_proj_bias = nn.Parameter(torch.stack([biases["gate"], biases["up"]], dim=2)
                                                 .flatten(1, 2), requires_grad=False)
         module.down_proj_bias = nn.Parameter(biases["down"], requires_grad=False)
+        return
+    if kind == "DbrxExperts":  # (E * ffn rows each: gate, up, and down transposed)
+        down = stacks["down"].transpose(1, 2)
+        for name, stack in (("w1", stacks["gate"]), ("v1", stacks["up"]), ("w2", down)):
+            setattr(module.mlp, name, nn.Parameter(stack.flatten(0, 1).contiguous(), requires_grad=False))
         return
     if kind in UNGATED_EXPERT_MODULES:
         module.up_proj = nn.Parameter(stacks["up"], requires_grad=False)

@@ -139,6 +139,9 @@ class QuantExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        # (DBRX's experts module takes the tokens unflattened, (batch, seq, hidden), and gives
+        # them back so)
+        shape, hidden_states = hidden_states.shape, hidden_states.reshape(-1, hidden_states.shape[-1])
         # transformers marks another rank's experts (expert parallel) with id num_experts
         ids = torch.where(top_k_index < self.num_experts, top_k_index, -1)
         if "gate_up" in self.stacks:
@@ -151,7 +154,8 @@ class QuantExperts(nn.Module):
         gate, up = add_expert_bias(gate, self.gate_bias, ids), add_expert_bias(up, self.up_bias, ids)
         down = self.stack("down").expert_matmul(self.activation(gate, up), ids, self.backend)
         down = add_expert_bias(down, self.down_bias, ids)
-        return (down * top_k_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(hidden_states.dtype)
+        out = (down * top_k_weights.unsqueeze(-1).to(down.dtype)).sum(dim=1).to(hidden_states.dtype)
+        return out.reshape(shape)
 
     def extra_repr(self) -> str:
         types = ", ".join(f"{name}={qtype.name}" for name, (qtype, _) in self.stacks.items())

@@ -20,8 +20,9 @@ PLANE = "rp1_"
 
 
 def decoder_layer(prefix: str) -> int | None:
-    """The decoder layer of a vLLM module prefix (model.layers.N.<...>): GGUF's blk.N."""
-    found = re.search(r"layers\.(\d+)\.", prefix)
+    """The decoder layer of a vLLM module prefix (model.layers.N.<...>; DBRX's
+    transformer.blocks.N.<...>): GGUF's blk.N."""
+    found = re.search(r"(?:layers|blocks)\.(\d+)\.", prefix)
     return int(found[1]) if found else None
 
 
