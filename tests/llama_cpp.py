@@ -281,6 +281,8 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                  num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                                  max_position_embeddings=256, layer_types=["conv", "full_attention", "conv"],
                                  num_dense_layers=1, num_experts=4, num_experts_per_tok=2), "bpe"),
+    # Apertus: xIELU (its parameters random per layer), q/k norms, Llama 3's rope scaling
+    "apertus": ("apertus", dict(_SMALL, tie_word_embeddings=False, rope_parameters=_LLAMA3), "bpe"),
     # DBRX: LayerNorm, q, k and v in one tensor, clamped; experts in every layer (64 wide:
     # whole Q8_0 blocks per rank at TP 2)
     "dbrx": ("dbrx", dict(d_model=128, n_heads=4, n_layers=2, max_seq_len=256,

@@ -169,3 +169,32 @@ def test_qwen35_value_head_order_undoes_the_converters_and_splits_k_quant_blocks
     assert column_blocks(columns, 32) is not None and column_blocks(columns, 256) is None
     equal_heads = {**config, "linear_num_value_heads": 16}
     assert converter_column_order(equal_heads, "blk.0.ssm_out.weight") is None
+
+
+def test_parameters_written_as_metadata_come_from_their_keys_or_an_error_names_the_key():
+    """Apertus's xIELU parameters, one value per layer in a key (llama.cpp's converter writes
+    them there): each layer's parameter from its key, in the parameter's shape; a file without
+    the key, or with a value per layer too few, is refused naming the key."""
+    from transformers import AutoConfig
+
+    from gguf_repack.errors import FormatError
+
+    config = AutoConfig.for_model("apertus", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+    model = meta_model(config)
+    names = ["token_embd.weight", "output_norm.weight", "output.weight",
+             *(f"blk.{i}.{t}.weight" for i in range(2) for t in (
+                 "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+                 "ffn_norm", "ffn_up", "ffn_down"))]
+    listing = Listing("apertus", names)
+    keys = {"xielu.alpha_n": [0.25, 0.5], "xielu.alpha_p": [0.75, 1.0], "xielu.beta": [0.5, 0.5],
+            "xielu.eps": [-1e-6, -1e-6]}
+    listing.metadata.update(keys)
+    got = TensorMapping(model, listing).from_metadata
+    assert got["model.layers.1.mlp.act_fn.alpha_p"].tolist() == [1.0]  # (a parameter of shape (1,))
+    assert got["model.layers.0.mlp.act_fn.beta"].shape == ()  # (a buffer, a scalar)
+    assert len(got) == 8
+    for broken in ({**keys, "xielu.alpha_p": [0.75]}, {k: v for k, v in keys.items() if k != "xielu.eps"}):
+        listing.metadata = {"general.architecture": "apertus", **broken}
+        with pytest.raises(FormatError, match=r"xielu\.(alpha_p|eps): apertus models have one value"):
+            TensorMapping(model, listing)

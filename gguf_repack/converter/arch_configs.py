@@ -448,6 +448,9 @@ ARCHS: dict[str, ArchConfig] = {
                                 "attention.head_count": "n_heads", "context_length": "max_seq_len",
                                 "attention.head_count_kv": None, "feed_forward_length": None,
                                 "expert_count": None, "expert_used_count": None}, details=_dbrx),
+    # Apertus: xIELU activation (its parameters per layer in the metadata:
+    # tensor_map.METADATA_PARAMETERS), q/k norms, Llama 3's rope scaling
+    "apertus": ArchConfig("apertus", fixed={"hidden_act": "xielu"}),
     # Hunyuan dense (V1): q/k norms per head
     "hunyuan-dense": ArchConfig("hunyuan_v1_dense"),
     # Gemma (1): llama.cpp stores the norms as 1 + w, as for Gemma 2 and 3

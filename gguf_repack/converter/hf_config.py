@@ -73,10 +73,12 @@ IGNORED = {
     "n_deepstack_layers": "Qwen3-VL's layers that add visual features (its vision tower is in the mmproj "
                           "file); text alone passes them through",
 }
-# Keys read elsewhere: the tokenizer's (transformers' GGUF tokenizer conversion) and the split
-# set's (the reader); and the file's provenance and sampling defaults, which are not the
-# model's computation.
-READ_ELSEWHERE = ("tokenizer.", "split.", "general.source.", "general.base_model.", "general.license",
+# Keys read elsewhere: the tokenizer's (transformers' GGUF tokenizer conversion), the split
+# set's (the reader), parameters written as keys (Apertus's xIELU: the engines' tensor mapping,
+# tensor_map.METADATA_PARAMETERS); and the file's provenance and sampling defaults, which are
+# not the model's computation.
+READ_ELSEWHERE = ("tokenizer.", "split.", "xielu.", "general.source.", "general.base_model.",
+                  "general.license",
                   "general.tags", "general.languages", "general.datasets", "general.description",
                   "general.author", "general.organization", "general.version", "general.url",
                   "general.doi", "general.uuid", "general.repo_url", "general.quantized_by",

@@ -142,6 +142,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "falcon-h1": _row(note=_OWN + "; Falcon-H1: attention and Mamba-2 side by side in every layer (A, D, "
                                   "the convolution and the gated norm in float32, as in the file); the "
                                   "multipliers, which llama.cpp's converter multiplies into the weights, 1"),
+    "apertus": _row(note=_OWN + "; Apertus: xIELU activation, its parameters per layer from the metadata "
+                                "(llama.cpp's converter writes them there), q/k norms"),
     "dbrx": _row(note=_OWN + "; DBRX: LayerNorm, q, k and v in one tensor, clamped; MoE in every layer "
                              "(softmax, normalized)"),
     "hunyuan-dense": _row(note=_OWN + "; Hunyuan dense (V1): q/k norms per head"),

@@ -171,6 +171,13 @@ SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "granitehybrid": "llam
                "qwen3vlmoe": "qwen3moe"}
 
 
+# parameters llama.cpp's converter writes as metadata, one value per layer, not as tensors, by
+# architecture: (the key, the parameter of layer {bid}). Apertus's xIELU activation: alpha_n and
+# alpha_p as the parameters hold them (before their softplus), beta and eps (buffers)
+METADATA_PARAMETERS = {"apertus": [(f"xielu.{name}", f"model.layers.{{bid}}.mlp.act_fn.{name}")
+                                   for name in ("alpha_n", "alpha_p", "beta", "eps")]}
+
+
 # parameters llama.cpp's converter renames before it maps the name, as (the parameter's name, the
 # name the converter maps): Qwen3-Next's and Qwen3.5's dt_bias, LFM2-MoE's expert_bias
 CONVERTER_RENAMES = [(r"\.dt_bias$", ".dt_proj.bias"), (r"\.expert_bias$", ".expert_bias.bias")]
@@ -446,6 +453,22 @@ def process_plain(processor, name: str, tensor: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(result)).to(tensor.device)
 
 
+def _metadata_parameters(arch: str, metadata: dict, params: dict) -> dict[str, torch.Tensor]:
+    """The parameters of METADATA_PARAMETERS[arch], from the file's keys: float32, in the
+    parameters' shapes. Raises, naming the key, where the file does not have one per layer."""
+    found = {}
+    for key, pattern in METADATA_PARAMETERS.get(arch, []):
+        values = metadata.get(key)
+        layers = [pattern.format(bid=bid) for bid in range(len(values or []))]
+        if values is None or not layers or any(name not in params for name in layers) or \
+                pattern.format(bid=len(layers)) in params:
+            raise FormatError(f"{key}: {arch} models have one value per layer there, for "
+                              f"{pattern.format(bid='N')}; the file has {values!r}")
+        for name, value in zip(layers, values):
+            found[name] = torch.tensor(float(value), dtype=torch.float32).reshape(params[name].shape)
+    return found
+
+
 class TensorMapping:
     """The GGUF tensors of `repacked` and the parameter of a transformers model each goes to
     (`names`, in the directory's order), and transformers' per-architecture fixes, for any
@@ -466,6 +489,8 @@ class TensorMapping:
         self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
         params = model.state_dict(keep_vars=True)
         self._shapes = {name: tuple(params[hf].shape) for name, hf in self.names if hf in params}
+        # {parameter: float32 value} of METADATA_PARAMETERS
+        self.from_metadata = _metadata_parameters(arch, repacked.metadata, params)
         self.skipped, unmapped = {}, []
         for name in (n for n in repacked if n not in hf_names):
             if reason := skip_reason(name, self.config):

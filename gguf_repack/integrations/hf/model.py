@@ -165,6 +165,9 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
                       f"undoes: {', '.join(joined)}", stacklevel=3)
     for module_name, stacks in expert_stacks.items():
         _place_experts(model, module_name, stacks, backend)
+    for hf_name, value in mapping.from_metadata.items():  # (Apertus's xIELU parameters)
+        module_name, _, param = hf_name.rpartition(".")
+        _place_plain(model.get_submodule(module_name), param, hf_name, value.to(dtype))
     _tie_output_embeddings(model, backend)
     # (buffers such as rotary frequencies are the model's own business, not the checkpoint's)
     missing = [n for n, t in model.named_parameters() if t.is_meta]

@@ -100,6 +100,9 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             yield from _planes(hf_name, mapping.quantized(gguf_name, tensor), row_order)
         else:
             yield hf_name, mapping.plain(gguf_name, tensor, torch.float32)
+    for hf_name, value in mapping.from_metadata.items():  # (Apertus's xIELU parameters)
+        if wanted(hf_name):
+            yield hf_name, value
     for hf_name, found in kv_b_parts.items():  # a part without its other half: the error
         kv_b_from_parts(hf_name, found, mapping, torch.float32)
     for hf_name, found in row_parts.items():
