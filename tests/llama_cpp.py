@@ -419,8 +419,6 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                                             "partial_rotary_factor": 0.25,
                                                             "mrope_section": [2, 1, 1],
                                                             "mrope_interleaved": True}), "bpe"),
-    # Granite 4.0-H's shape: Mamba-2 layers and attention layers without rope (as llama.cpp runs
-    # every granitehybrid file with Mamba-2 layers), MoE with a shared expert, the multipliers
     # Nemotron 3 Nano's kind (llama.cpp's nemotron_h_moe): one mixer a layer, Mamba-2, attention
     # (no rope) or MoE (ReLU^2 experts without a gate, a shared expert, sigmoid routing with
     # the correction bias, normalized and scaled weights)
@@ -433,6 +431,15 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                           moe_intermediate_size=64, moe_shared_expert_intermediate_size=128,
                                           routed_scaling_factor=2.5, norm_topk_prob=True, n_group=1,
                                           topk_group=1, tie_word_embeddings=False), "bpe"),
+    # Nemotron-H (dense: Nemotron-H 8B, Nemotron Nano 2): Mamba-2, attention (no rope) and
+    # ReLU^2 MLP layers; its checkpoint's config.json as NVIDIA's repositories have it
+    # (CHECKPOINT_FIELDS)
+    "nemotron-h": ("nemotron_h", dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                      head_dim=32, max_position_embeddings=256,
+                                      layers_block_type=["mamba", "mlp", "attention", "mlp"],
+                                      mamba_num_heads=8, mamba_head_dim=32, n_groups=2, ssm_state_size=16,
+                                      conv_kernel=4, expand=2, chunk_size=64, intermediate_size=256,
+                                      tie_word_embeddings=False), "bpe"),
     # Jamba: Mamba layers (with norms of dt, B and C), attention every other layer, MoE every
     # other layer (a SentencePiece vocabulary: the converter writes the tokenizer's size)
     "jamba": ("jamba", dict(_SMALL, num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1,
@@ -451,6 +458,8 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                     attention_in_multiplier=2.0, attention_out_multiplier=0.5,
                                     ssm_in_multiplier=0.5, ssm_out_multiplier=2.0,
                                     ssm_multipliers=[2.0, 0.5, 1.0, 0.5, 2.0]), "bpe"),
+    # Granite 4.0-H's shape: Mamba-2 layers and attention layers without rope (as llama.cpp runs
+    # every granitehybrid file with Mamba-2 layers), MoE with a shared expert, the multipliers
     "granitehybrid": ("granitemoehybrid", dict(_SMALL, intermediate_size=64, num_hidden_layers=4,
                                                layer_types=["mamba", "attention"] * 2, num_local_experts=4,
                                                num_experts_per_tok=2, shared_intermediate_size=128,
@@ -616,10 +625,22 @@ def build_model(name: str, dtype=torch.float32):
     return model.to(dtype).eval()
 
 
-# config.json fields as the original repositories have them, where transformers 5 writes them
-# otherwise and llama.cpp's converter reads the repository's: PhiMoE's class name, Granite
-# 4.0-H's layer kinds ("mamba" and "attention", which transformers 5 renames)
+# config.json fields as the original repositories have them (None: a field they do not have),
+# where transformers 5 writes them otherwise and llama.cpp's converter reads the repository's:
+# PhiMoE's class name, Granite 4.0-H's layer kinds ("mamba" and "attention", which transformers
+# 5 renames), dense Nemotron-H's layer pattern as a string and no MoE fields. The converter
+# reads a checkpoint's config through transformers' AutoConfig where transformers knows the
+# model type, and transformers 5's NemotronH config has MoE defaults, from which the converter
+# makes every NemotronH a MoE: its model type here is one transformers does not know, as
+# NVIDIA's remote-code repositories were before transformers had the class, and the converter
+# reads config.json as it is (it picks its model class by `architectures`)
 CHECKPOINT_FIELDS = {"phimoe": {"architectures": ["PhiMoEForCausalLM"]},
+                     "nemotron-h": {"model_type": "nemotron_h_remote_code",
+                                    "hybrid_override_pattern": "M-*-", "num_hidden_layers": 4,
+                                    "layers_block_type": None,
+                                    **dict.fromkeys(["num_experts_per_tok", "n_routed_experts",
+                                                     "moe_intermediate_size", "n_shared_experts",
+                                                     "moe_shared_expert_intermediate_size"])},
                      "granitehybrid": {"layer_types": ["mamba", "attention"] * 2},
                      # (LFM2's repositories say its convolution's width; vLLM's model reads it)
                      "lfm2": {"conv_dim": 128, "block_dim": 128}}
@@ -858,7 +879,8 @@ def save_checkpoint(name: str, model, target: Path) -> None:
     model.save_pretrained(target)
     if name in CHECKPOINT_FIELDS:
         config = json.loads((target / "config.json").read_text())
-        (target / "config.json").write_text(json.dumps({**config, **CHECKPOINT_FIELDS[name]}))
+        config = {k: v for k, v in {**config, **CHECKPOINT_FIELDS[name]}.items() if v is not None}
+        (target / "config.json").write_text(json.dumps(config))
     for f in tokenizer_dir(_entry(name)[2]).iterdir():
         if f.is_file() and f.suffix != ".lock":
             shutil.copy(f, target / f.name)

@@ -74,6 +74,8 @@ def table_row(name: str) -> str:
         return "deepseek2"
     if name == "glm4moe-mtp":  # (glm_mtp_files)
         return "glm4moe"
+    if name.startswith("nemotron-h"):  # (one model type, nemotron_h, for both)
+        return {"nemotron-h": "nemotron_h", "nemotron-h-moe": "nemotron_h_moe"}[name]
     if name in QWEN3_VL_MODELS:  # (qwen3_vl_files)
         return {"qwen3-vl": "qwen3vl", "qwen3-vl-moe": "qwen3vlmoe"}[name]
     model_type = MODELS[name][0]
@@ -535,6 +537,11 @@ def test_arch_config_tables_read_the_layers_llama_cpp_runs():
         "layers_block_type": ["mamba", "moe", "attention", "moe"], "mamba_head_dim": 64,
         "num_hidden_layers": 4, "num_nextn_predict_layers": 1, "num_key_value_heads": 2,
         "use_conv_bias": True}
+    # the dense Nemotron-H (Nano 2): MLP layers where the feed-forward width is not 0
+    dense = {k: v for k, v in nano.items() if k not in ("expert_count", "nextn_predict_layers")}
+    got = own_config("nemotron_h", dense.get, tokens, set())
+    assert (got["layers_block_type"], got["intermediate_size"], got["num_hidden_layers"]) == \
+        (["mamba", "mlp", "attention", "mlp", "attention"], 1856, 5)
     with pytest.raises(ValueError, match="4 values for 5 blocks"):  # (a count per block, or one)
         own_config("nemotron_h_moe", {**nano, "feed_forward_length": [0, 1856, 0, 1856]}.get, tokens, set())
     # Jamba-v0.1's pattern: attention every 8th layer from the 4th, MoE every other layer, read

@@ -390,6 +390,13 @@ ARCHS: dict[str, ArchConfig] = {
                                        "leading_dense_block_count": "num_dense_layers",
                                        "expert_weights_scale": "routed_scaling_factor"},
                           details=_lfm2_moe),
+    # Nemotron-H (Nemotron-H 8B/47B/56B, Nemotron Nano 2): Mamba-2, attention and ReLU^2 MLP
+    # layers, one mixer a layer
+    "nemotron_h": ArchConfig("nemotron_h", {
+        "attention.layer_norm_epsilon": "layer_norm_epsilon", "attention.layer_norm_rms_epsilon": None,
+        "feed_forward_length": None, "attention.head_count_kv": None, "block_count": None,
+        "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size", "ssm.group_count": "n_groups",
+        "ssm.time_step_rank": "mamba_num_heads"}, details=_nemotron_h),
     # Nemotron 3 Nano (and later Nemotron-H MoE models): Mamba-2, attention and MoE layers,
     # ReLU^2 experts without a gate, a shared expert, sigmoid routing with the correction bias
     # (llama.cpp fixes sigmoid), normalized and scaled weights

@@ -111,6 +111,9 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "lfm2moe": _row(note=_OWN + "; LFM2-MoE (LFM2-8B-A1B): lfm2's short convolutions (float32, as in "
                                 "the file) and attention layers, the first layers dense, MoE with sigmoid "
                                 "routing and its correction bias" + VLLM_OWN),
+    "nemotron_h": _row(note=_OWN + "; Nemotron-H, Nemotron Nano 2: Mamba-2 layers (A, D, the convolution "
+                                   "and the gated norm in float32, as in the file), attention layers without "
+                                   "rope, ReLU^2 MLP layers"),
     "nemotron_h_moe": _row(vllm=NO_VLLM_UNGATED, tp2=NO_VLLM_UNGATED,
                            note=_OWN + "; Nemotron 3 Nano: Mamba-2 layers (A, D, the convolution and "
                                        "the gated norm in float32, as in the file), attention layers "

@@ -207,7 +207,7 @@ def tensor_processor(gguf_arch: str, config: dict):
 
 # llama.cpp's architectures with Mamba-2 layers, and Jamba's Mamba layers, whose converter stores
 # A_log as ssm_a = -exp(A_log) (transformers' GGUF path undoes it for mamba alone)
-SSM_A_STORED = ("granitehybrid", "mamba2", "nemotron_h_moe", "falcon-h1", "jamba")
+SSM_A_STORED = ("granitehybrid", "mamba2", "nemotron_h", "nemotron_h_moe", "falcon-h1", "jamba")
 
 
 def _ssm_a_processor(base):
