@@ -489,6 +489,16 @@ MODELS: dict[str, tuple[str, dict, str]] = {
     "gemma4-e2b": ("gemma4_text", dict(_GEMMA4, hidden_size_per_layer_input=16,
                                        vocab_size_per_layer_input=LLAMA_BPE_VOCAB, num_kv_shared_layers=2,
                                        use_double_wide_mlp=True), "llama-bpe"),
+    # Gemma 3n (E2B's kind): AltUp, LAuReL, per-layer input embeddings, the last two layers
+    # reusing the keys and values of the first two, activation sparsity on the first two
+    "gemma3n": ("gemma3n_text", dict(hidden_size=128, intermediate_size=[256] * 4, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                     max_position_embeddings=256, sliding_window=8,
+                                     layer_types=["sliding_attention", "full_attention"] * 2,
+                                     vocab_size_per_layer_input=SPM_VOCAB, hidden_size_per_layer_input=16,
+                                     laurel_rank=16, num_kv_shared_layers=2,
+                                     activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+                                     final_logit_softcapping=30.0, pad_token_id=0), "spm"),
     # MiniMax-M2: sigmoid routing with its correction bias, a quarter of each head rotated, q/k
     # norms over all heads
     "minimax-m2": ("minimax_m2", dict(_SMALL, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
@@ -900,7 +910,7 @@ VLLM_BFLOAT16_ONLY = {"qwen3next", "qwen35", "qwen35moe"}
 # architectures whose vLLM model computes otherwise than transformers' (on the float checkpoint
 # too, without the plugin): their vLLM cells hold llama.cpp's files to vLLM's own model on the
 # checkpoint they were made from (test_llama_cpp_files.test_models_vllm_computes_otherwise_...)
-VLLM_OWN_REFERENCE = {"lfm2", "lfm2moe", "phimoe"}
+VLLM_OWN_REFERENCE = {"lfm2", "lfm2moe", "phimoe", "gemma3n"}
 
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's assert the multi-token-
 # prediction layer, which a transformers model has no weights for (the repositories' checkpoints

@@ -10,7 +10,13 @@ from hf_models import byte_tokenizer_kvs, write_model, write_qwen3_moe
 
 import gguf_repack
 from gguf_repack.errors import RepackError
-from gguf_repack.integrations.tensor_map import SKIPPED, TensorMapping, meta_model
+from gguf_repack.integrations.tensor_map import (
+    SKIPPED,
+    TensorMapping,
+    gguf_to_hf_names,
+    meta_model,
+    tensor_processor,
+)
 
 
 class Listing(dict):
@@ -198,3 +204,34 @@ def test_parameters_written_as_metadata_come_from_their_keys_or_an_error_names_t
         listing.metadata = {"general.architecture": "apertus", **broken}
         with pytest.raises(FormatError, match=r"xielu\.(alpha_p|eps): apertus models have one value"):
             TensorMapping(model, listing)
+
+
+def test_a_stacked_tensor_goes_to_one_parameter_a_slice_and_a_slice_too_many_is_named():
+    """Gemma 3n's AltUp projections, which llama.cpp's converter stacks into one (3, hidden,
+    hidden) tensor: each linear layer gets its slice; a stack of more slices than the model
+    has layers is refused, naming the layer it lacks (nothing dropped)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("gemma3n_text", hidden_size=64, intermediate_size=[128],
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                  head_dim=32, vocab_size=64,
+                                  vocab_size_per_layer_input=64, hidden_size_per_layer_input=8, laurel_rank=8,
+                                  num_kv_shared_layers=0, layer_types=["full_attention"],
+                                  activation_sparsity_pattern=[0.0])
+    model = meta_model(config)
+    names = {name: torch.zeros(1) for name in gguf_to_hf_names(model, "gemma3n", tensor_processor(
+        "gemma3n", config.to_dict()))}
+    for slices, ok in ((3, True), (4, False)):
+        listing = Listing("gemma3n", [])
+        listing.update(names)
+        listing.update({"altup_proj.weight": torch.zeros(slices, 64, 64),
+                        "altup_unembd_proj.weight": torch.zeros(3, 64, 64)})
+        if not ok:
+            with pytest.raises(RepackError, match=r"altup_proj\.weight: 4 stacked weights, and .* has no "
+                                                  r"model\.altup_projections\.3\.weight"):
+                TensorMapping(model, listing)
+            continue
+        mapping = TensorMapping(model, listing)
+        assert mapping.stacked["model.altup_projections.2.weight"] == ("altup_proj.weight", 2)
+        assert [hf for name, hf in mapping.names if name == "altup_unembd_proj.weight"] == \
+            [f"model.altup_unembed_projections.{i}.weight" for i in range(3)]

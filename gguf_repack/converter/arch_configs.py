@@ -192,6 +192,30 @@ def _gemma4(get, tensor_names) -> dict:
     return config
 
 
+def _gemma3n(get, tensors) -> dict:
+    """Gemma 3n (E2B, E4B; text): AltUp, LAuReL blocks, per-layer input embeddings, the last
+    layers reusing earlier layers' keys and values, Gaussian top-k activation sparsity on the
+    first layers. llama.cpp's converter writes the sparsity as the normal distribution's
+    quantile of each layer's fraction (activation_sparsity_scale; -inf for none), which
+    transformers computes from the fraction: the fraction is its CDF."""
+    from math import erfc, isinf, sqrt
+
+    layers = int(get("block_count"))
+    scale = get("activation_sparsity_scale")
+    scale = [float("-inf")] * layers if scale is None else [float(s) for s in scale]
+    if len(scale) != layers:
+        raise ValueError(f"activation_sparsity_scale: {len(scale)} values for {layers} layers")
+    # (the CDF by erfc, exact in the tail; -inf is 0: no sparsity)
+    pattern = [0.0 if isinf(s) and s < 0 else 0.5 * erfc(-s / sqrt(2)) for s in scale]
+    laurel = tensors.get("blk.0.laurel_l.weight") if isinstance(tensors, dict) else None
+    if laurel is None:
+        raise ValueError("no blk.0.laurel_l.weight, whose rows are Gemma 3n's LAuReL rank")
+    ff = get("feed_forward_length")  # (one MLP width per layer, or one for all)
+    ff = [int(n) for n in ff] if np.ndim(ff) else [int(ff)] * layers
+    return {"activation_sparsity_pattern": pattern, "laurel_rank": int(laurel[0]), "intermediate_size": ff,
+            "altup_correct_scale": any_block_has(tensors, "altup_correct_scale.weight")}
+
+
 def _mamba2_shape(get, tensor_names) -> dict:
     """A Mamba-2 mixer's widths as llama.cpp writes none of them: the expansion and head width
     from the inner width, the biases from the tensors."""
@@ -514,6 +538,16 @@ ARCHS: dict[str, ArchConfig] = {
                                          "attention.shared_kv_layers": "num_kv_shared_layers",
                                          "embedding_length_per_layer_input": "hidden_size_per_layer_input"},
                          fixed={"hidden_activation": "gelu_pytorch_tanh"}, details=_gemma4),
+    # Gemma 3n (E2B, E4B; text): AltUp over four copies of the hidden state, LAuReL blocks,
+    # per-layer input embeddings, keys and values reused by the last layers, activation sparsity;
+    # norms stored as they are (not 1 + w); two rope bases (hf_config: per layer kind)
+    "gemma3n": ArchConfig("gemma3n_text", {"attention.sliding_window": "sliding_window",
+                                           "final_logit_softcapping": "final_logit_softcapping",
+                                           "attention.shared_kv_layers": "num_kv_shared_layers",
+                                           "embedding_length_per_layer_input": "hidden_size_per_layer_input",
+                                           "altup.active_idx": "altup_active_idx",
+                                           "altup.num_inputs": "altup_num_inputs"},
+                          fixed={"hidden_activation": "gelu_pytorch_tanh"}, details=_gemma3n),
     # MiniMax-M2: in transformers' GGUF mapping, which writes the gating function's number as
     # scoring_func and no routing bias; part of each head rotated (rotary_dim)
     "minimax-m2": ArchConfig("minimax_m2", {"expert_count": "num_local_experts",

@@ -68,7 +68,10 @@ def write_engine_files(gset: GGUFSet, out: Path) -> tuple[list[str], list[str]]:
     own = None
     if arch in OWN_CONFIGS:  # (transformers' GGUF mapping has none: ours, arch_configs.py)
         try:
-            own = OWN_CONFIGS[arch](lambda key: gguf.get(f"{arch}.{key}"), gguf.get, set(tensor_names))
+            # (the tensors' names, with their shapes in torch order: Gemma 3n's LAuReL rank is
+            # one, as llama.cpp reads it)
+            own = OWN_CONFIGS[arch](lambda key: gguf.get(f"{arch}.{key}"), gguf.get,
+                                    {t.name: t.shape for _, t in gset.tensors})
         except ValueError as e:
             raise EngineFilesSkipped(f"this {arch!r} model has no transformers config: {e}") from None
     with _quiet_transformers(), transformers_reads(gguf, tensor_names, own):

@@ -50,6 +50,8 @@ MAPPED = {
     "embedding_length_per_layer_input",
     # Granite 4.0-H's: whether its attention layers rotate (rope.scaling.finetuned, as llama.cpp reads it)
     "rope.scaling.finetuned",
+    # Gemma 3n's AltUp and activation sparsity
+    "altup.active_idx", "altup.num_inputs", "activation_sparsity_scale",
     # DBRX's clamp of q, k and v
     "attention.clamp_kqv",
 }

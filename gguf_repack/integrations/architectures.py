@@ -21,10 +21,11 @@ TESTED = "tested"
 COLUMNS = {"convert": "convert", "transformers": "transformers", "vllm": "vLLM", "tp2": "vLLM TP 2",
            "llama_cpp": "llama.cpp's converter"}
 NO_MAMBA_KERNEL = "untestable here: vLLM's CPU build has no Mamba scan"
-# vLLM's LFM2, LFM2-MoE and PhiMoE give other tokens than transformers' on their float
-# checkpoints too (checked 2026-12-02, -04 and -05): their vLLM cells hold the plugin to vLLM's
-# own model on the checkpoint the file was made from (its Q8_0 round trip for a Q8_0 file),
-# which it equals
+# vLLM's LFM2, LFM2-MoE, PhiMoE and Gemma 3n give other tokens than transformers' on their float
+# checkpoints too (checked 2026-12-02, -04 and -05; Gemma 3n's with the same prompt ids, its
+# first token's log-probabilities 0.5 apart, with or without its activation sparsity): their
+# vLLM cells hold the plugin to vLLM's own model on the checkpoint the file was made from (its
+# Q8_0 round trip for a Q8_0 file), which it equals
 VLLM_OWN = "; vLLM: against vLLM's own model on the checkpoint (it differs from transformers' there)"
 
 
@@ -145,6 +146,9 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "falcon-h1": _row(note=_OWN + "; Falcon-H1: attention and Mamba-2 side by side in every layer (A, D, "
                                   "the convolution and the gated norm in float32, as in the file); the "
                                   "multipliers, which llama.cpp's converter multiplies into the weights, 1"),
+    "gemma3n": _row(note=_OWN + "; Gemma 3n (E2B, E4B; text): AltUp (its stacked projections split "
+                                "back into three), LAuReL blocks, per-layer input embeddings, keys and "
+                                "values reused by the last layers, activation sparsity" + VLLM_OWN),
     "apertus": _row(note=_OWN + "; Apertus: xIELU activation, its parameters per layer from the metadata "
                                 "(llama.cpp's converter writes them there), q/k norms"),
     "dbrx": _row(note=_OWN + "; DBRX: LayerNorm, q, k and v in one tensor, clamped; MoE in every layer "

@@ -171,6 +171,18 @@ SAME_FIX_AS = {"granite": "llama", "granitemoe": "llama", "granitehybrid": "llam
                "qwen3vlmoe": "qwen3moe"}
 
 
+# GGUF tensors llama.cpp's converter stacks from several parameters, by name: the parameter of
+# slice {i} along the first axis (Gemma 3n's AltUp projections, three linear layers as one
+# (3, hidden, hidden) tensor; each slice is whole rows of blocks: exact)
+STACKED_PARAMETERS = {"altup_proj.weight": "model.altup_projections.{i}.weight",
+                      "altup_unembd_proj.weight": "model.altup_unembed_projections.{i}.weight"}
+
+
+def stack_slice(tensor, index: int):
+    """Slice `index` of a stacked GGUF tensor (STACKED_PARAMETERS), quantized or float."""
+    return tensor.expert(index) if isinstance(tensor, QTensor) else tensor[index]
+
+
 # parameters llama.cpp's converter writes as metadata, one value per layer, not as tensors, by
 # architecture: (the key, the parameter of layer {bid}). Apertus's xIELU activation: alpha_n and
 # alpha_p as the parameters hold them (before their softplus), beta and eps (buffers)
@@ -486,8 +498,20 @@ class TensorMapping:
                       and m["part"].startswith("attn_") else None)
             if joined in hf_names and joined not in repacked and name not in hf_names:
                 hf_names[name] = hf_names[joined]  # (the file has the parts, not the joined one)
-        self.names = [(name, hf_names[name]) for name in repacked if name in hf_names]
         params = model.state_dict(keep_vars=True)
+        # {parameter: (GGUF name, slice)} of the STACKED_PARAMETERS the file has
+        self.stacked: dict[str, tuple[str, int]] = {}
+        stacks: dict[str, list[str]] = {}  # GGUF name -> its parameters, slice by slice
+        for name, pattern in STACKED_PARAMETERS.items():
+            if name in repacked and name not in hf_names:
+                stacks[name] = [pattern.format(i=i) for i in range(repacked[name].shape[0])]
+                if missing := [hf for hf in stacks[name] if hf not in params]:
+                    raise RepackError(f"{name}: {len(stacks[name])} stacked weights, and "
+                                      f"transformers' {type(model).__name__} has no {missing[0]}")
+                self.stacked.update({hf: (name, i) for i, hf in enumerate(stacks[name])})
+                hf_names[name] = stacks[name][0]
+        self.names = [(name, hf) for name in repacked if name in hf_names
+                      for hf in stacks.get(name, [hf_names[name]])]
         self._shapes = {name: tuple(params[hf].shape) for name, hf in self.names if hf in params}
         # {parameter: float32 value} of METADATA_PARAMETERS
         self.from_metadata = _metadata_parameters(arch, repacked.metadata, params)

@@ -26,6 +26,7 @@ from gguf_repack.integrations.tensor_map import (
     kv_b_from_parts,
     meta_model,
     row_part,
+    stack_slice,
     without_quantization_config,
 )
 from gguf_repack.runtime.loader import RepackedModel, load
@@ -104,6 +105,8 @@ def fill_model(model: nn.Module, repacked: RepackedModel, *, dtype: torch.dtype 
     reordered: list[str] = []
     for gguf_name, hf_name in mapping.names:
         tensor = repacked[gguf_name]
+        if hf_name in mapping.stacked:  # (one slice of a stacked tensor: Gemma 3n's AltUp)
+            tensor = stack_slice(tensor, mapping.stacked[hf_name][1])
         module_name, _, param = hf_name.rpartition(".")
         module = model.get_submodule(module_name)
         role = EXPERT_TENSOR.fullmatch(gguf_name)

@@ -8,6 +8,8 @@ the config reads the directory's manifest and maps the layer's vLLM name to its 
 
 from __future__ import annotations
 
+import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,17 @@ def _qtensor(planes: list[torch.Tensor], qtype: str, n: int, k: int) -> QTensor:
 def _call(weight: QTensor):
     """The custom ops' arguments for a QTensor."""
     return [weight.planes[f.name] for f in weight.qtype.fields], weight.qtype.name, *weight.shape
+
+
+# vLLM models whose inner model renames its weights by a mapper of its own (which the outer
+# model's does not include), by the outer class: (the inner model's prefix, its module, class).
+# Gemma 3n's text model holds the embeddings and AltUp projections in a `self_decoder`
+NESTED_MAPPERS = {"Gemma3nForCausalLM": ("model.", "vllm.model_executor.models.gemma3n", "Gemma3nTextModel")}
+
+# linear layers whose weight a vLLM model reads when it builds them, which rp1 planes do not
+# have: built without the quantization config, the weight dequantized at load (Gemma 3n's AltUp
+# router, whose weight's dtype its buffer takes)
+FLOAT_IN_VLLM = (r"\.altup\.modality_router\.weight$",)
 
 
 class GgufRepackVllmConfig(QuantizationConfig):
@@ -152,6 +165,9 @@ class GgufRepackVllmConfig(QuantizationConfig):
                 self._types[hf] = kind
                 shape = repacked.record(gguf).shape
                 self._rows[hf] = self._rows.get(hf, 0) + (int(shape[-2]) if len(shape) >= 2 else 0)
+            for hf in self._types:
+                if any(re.search(pattern, hf) for pattern in FLOAT_IN_VLLM):
+                    self._types[hf] = "F32"
             if mapping.config.get("attention_k_eq_v"):
                 # Gemma 4's global layers take their keys for values: the file has k_proj alone,
                 # which vLLM's model loads into both the K and the V part of qkv_proj
@@ -162,6 +178,13 @@ class GgufRepackVllmConfig(QuantizationConfig):
             if self._mapper is not None:
                 self._types.update(self._mapper.apply_dict(self._types))
                 self._rows.update(self._mapper.apply_dict(self._rows))
+            for architecture in mapping.config.get("architectures") or []:
+                if architecture in NESTED_MAPPERS:
+                    prefix, module, name = NESTED_MAPPERS[architecture]
+                    inner = getattr(importlib.import_module(module), name).hf_to_vllm_mapper
+                    for found in (self._types, self._rows):
+                        renamed = {n: inner.map_name(n[len(prefix):]) for n in found if n.startswith(prefix)}
+                        found.update({prefix + new: found[n] for n, new in renamed.items() if new})
             self._gguf_types = {gguf: repacked.record(gguf).type for gguf, _ in mapping.names}
         return self._types
 
@@ -380,6 +403,14 @@ class RepackLinearMethod(_PlanesMethod, LinearMethodBase):
 
 class RepackEmbeddingMethod(_PlanesMethod):
     """The token embedding and the output projection (vocabulary parallel)."""
+
+    def create_weights(self, layer, *args, **kwargs):
+        super().create_weights(layer, *args, **kwargs)
+        # vLLM's Gemma 3n reads its embeddings' weight.dtype as it builds the model (its scales'
+        # buffers): the planes are no weight, an empty one says the dtype (vLLM reads the
+        # weight itself only for an unquantized embedding's methods)
+        params_dtype = kwargs["params_dtype"] if "params_dtype" in kwargs else args[4]
+        layer.weight = torch.empty(0, dtype=params_dtype)
 
     def _copy_rows(self, layer, target, plane, shard_id) -> None:
         indices = layer.shard_indices

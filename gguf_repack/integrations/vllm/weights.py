@@ -31,6 +31,7 @@ from gguf_repack.integrations.tensor_map import (
     kv_b_from_parts,
     row_part,
     row_parts_of,
+    stack_slice,
 )
 from gguf_repack.runtime.loader import load
 from gguf_repack.runtime.qtensor import QTensor
@@ -65,6 +66,8 @@ def iter_weights(directory: str | os.PathLike, wanted: Callable[[str], bool] = l
             continue
         counts["read"] += 1
         tensor = repacked[gguf_name]
+        if hf_name in mapping.stacked:  # (one slice of a stacked tensor: Gemma 3n's AltUp)
+            tensor = stack_slice(tensor, mapping.stacked[hf_name][1])
         if part := MLA_KV_B_PART.fullmatch(gguf_name):
             found = kv_b_parts.setdefault(hf_name, {})
             found[part["part"]] = (gguf_name, tensor)
