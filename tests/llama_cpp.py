@@ -130,6 +130,30 @@ def glm_tokenizer_dir() -> Path:
     return target
 
 
+# Hunyuan-A13B's vocabulary size: its converter writes BOS as id 127959, whatever the tokenizer
+HUNYUAN_VOCAB = 128167
+
+
+def hunyuan_tokenizer_dir() -> Path:
+    """A tiktoken-style tokenizer as Hunyuan's repositories have one (remote code: the
+    converter reads its mergeable ranks), over SmolLM2's BPE (bpe_tokenizer_dir, whose
+    pre-tokenizer hash the converter knows): tests/hunyuan_tokenizer/tokenization_hy.py."""
+    stand_in = Path(__file__).parent / "hunyuan_tokenizer" / "tokenization_hy.py"
+    # (named by the stand-in's contents: a change to it makes a new one, and new checkpoints)
+    target = cache_root() / "tokenizers" / \
+        f"hunyuan-{HUNYUAN_VOCAB}-{hashlib.sha256(stand_in.read_bytes()).hexdigest()[:8]}"
+    with _locked(target):
+        if not (target / "tokenizer_config.json").is_file():
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                shutil.copy(bpe_tokenizer_dir() / "tokenizer.json", tmp)
+                shutil.copy(stand_in, tmp)
+                (Path(tmp) / "tokenizer_config.json").write_text(json.dumps({
+                    "auto_map": {"AutoTokenizer": ["tokenization_hy.HYTokenizer", None]},
+                    "vocab_size": HUNYUAN_VOCAB, "model_max_length": 256}))
+                os.replace(tmp, target)
+    return target
+
+
 SPM_VOCAB = 320
 
 
@@ -499,6 +523,11 @@ MODELS: dict[str, tuple[str, dict, str]] = {
                                      laurel_rank=16, num_kv_shared_layers=2,
                                      activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
                                      final_logit_softcapping=30.0, pad_token_id=0), "spm"),
+    # Hunyuan-A13B's kind: MoE with a shared MLP, softmax routing, q/k norms per head; its
+    # checkpoint's config.json says the widths per layer, as Tencent's does (CHECKPOINT_FIELDS),
+    # and its tokenizer is tiktoken's (remote code)
+    "hunyuan-moe": ("hunyuan_v1_moe", dict(_SMALL, intermediate_size=64, num_experts=4, moe_topk=2,
+                                           head_dim=32, tie_word_embeddings=False), "hunyuan"),
     # MiniMax-M2: sigmoid routing with its correction bias, a quarter of each head rotated, q/k
     # norms over all heads
     "minimax-m2": ("minimax_m2", dict(_SMALL, head_dim=32, num_local_experts=4, num_experts_per_tok=2,
@@ -608,7 +637,7 @@ def _entry(name: str) -> tuple[str, dict, str]:
 
 def tokenizer_dir(kind: str) -> Path:
     return {"bpe": bpe_tokenizer_dir, "glm": glm_tokenizer_dir, "spm": spm_tokenizer_dir,
-            "llama-bpe": llama_bpe_tokenizer_dir}[kind]()
+            "llama-bpe": llama_bpe_tokenizer_dir, "hunyuan": hunyuan_tokenizer_dir}[kind]()
 
 
 def build_model(name: str, dtype=torch.float32):
@@ -619,6 +648,7 @@ def build_model(name: str, dtype=torch.float32):
     model_type, overrides, kind = _entry(name)
     tok = json.loads((tokenizer_dir(kind) / "tokenizer_config.json").read_text()) if kind == "spm" else None
     vocab = SPM_VOCAB if tok is not None else LLAMA_BPE_VOCAB if kind == "llama-bpe" else \
+        HUNYUAN_VOCAB if kind == "hunyuan" else \
         49152 + (len(GLM_ADDED) if kind == "glm" else 0)
     config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
                                   **overrides)
@@ -645,6 +675,8 @@ def build_model(name: str, dtype=torch.float32):
 # NVIDIA's remote-code repositories were before transformers had the class, and the converter
 # reads config.json as it is (it picks its model class by `architectures`)
 CHECKPOINT_FIELDS = {"phimoe": {"architectures": ["PhiMoEForCausalLM"]},
+                     "hunyuan-moe": {"moe_intermediate_size": [64, 64], "moe_topk": [2, 2],
+                                     "num_shared_expert": [1, 1]},
                      "nemotron-h": {"model_type": "nemotron_h_remote_code",
                                     "hybrid_override_pattern": "M-*-", "num_hidden_layers": 4,
                                     "layers_block_type": None,
@@ -868,6 +900,7 @@ def hf_model_dir(name: str) -> Path:
     model_type, overrides, kind = _entry(name)
     key = hashlib.sha256(json.dumps([LLAMA_CPP_PYTHON, model_type, overrides, kind, _version("transformers"),
                                      _version("torch"), *(["bias"] if name in RANDOM_ROUTING_BIAS else []),
+                                     *([hunyuan_tokenizer_dir().name] if kind == "hunyuan" else []),
                                      *([CHECKPOINT_FIELDS[name]] if name in CHECKPOINT_FIELDS else [])],
                                     sort_keys=True).encode()).hexdigest()[:12]
     target = cache_root() / "llama.cpp-made" / f"{name}-{key}" / "hf"

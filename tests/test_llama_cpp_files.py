@@ -562,6 +562,12 @@ def test_arch_config_tables_read_the_layers_llama_cpp_runs():
         (["mamba", "mlp", "attention", "mlp", "attention"], 1856, 5)
     with pytest.raises(ValueError, match="4 values for 5 blocks"):  # (a count per block, or one)
         own_config("nemotron_h_moe", {**nano, "feed_forward_length": [0, 1856, 0, 1856]}.get, tokens, set())
+    # Hunyuan-A13B: one width for its MLP, experts and shared MLP, as transformers' class has it
+    hunyuan = {**keys, "feed_forward_length": 3072, "expert_feed_forward_length": 3072,
+               "expert_shared_feed_forward_length": 3072, "expert_count": 64, "expert_used_count": 8}
+    assert own_config("hunyuan-moe", hunyuan.get, tokens, set())["moe_topk"] == 8
+    with pytest.raises(ValueError, match=r"widths \[1536, 3072\]: transformers' HunYuanMoEV1 has one"):
+        own_config("hunyuan-moe", {**hunyuan, "expert_feed_forward_length": 1536}.get, tokens, set())
     # Jamba-v0.1's pattern: attention every 8th layer from the 4th, MoE every other layer, read
     # back as its period and offset; layers that follow no period get no config, with the reason
     jamba = {"block_count": 16, "attention.head_count": 32, "embedding_length": 4096,

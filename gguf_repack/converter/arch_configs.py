@@ -308,6 +308,20 @@ def _falcon_h1(get, tensor_names) -> dict:
             "ssm_in_multiplier": 1.0, "ssm_out_multiplier": 1.0, "ssm_multipliers": [1.0] * 5}
 
 
+def _hunyuan_moe(get, tensor_names) -> dict:
+    """Hunyuan-A13B: transformers' HunYuanMoEV1 gives its experts and its one shared MLP the
+    same width (intermediate_size), as Tencent's models have them; a file of other widths, or
+    of more shared experts, is a model the class cannot describe."""
+    widths = {int(get(k)) for k in ("feed_forward_length", "expert_feed_forward_length",
+                                    "expert_shared_feed_forward_length") if get(k) is not None}
+    if len(widths) > 1:
+        raise ValueError(f"MLP, expert and shared-expert widths {sorted(widths)}: transformers' "
+                         f"HunYuanMoEV1 has one width for all")
+    if int(get("expert_shared_count") or 1) != 1:
+        raise ValueError(f"{get('expert_shared_count')} shared experts: HunYuanMoEV1 has one")
+    return {}
+
+
 def _dbrx(get, tensor_names) -> dict:
     """DBRX: its attention's and experts' fields are configs of their own (attn_config,
     ffn_config); softmax routing, the chosen weights normalized (llama.cpp's models/dbrx.cpp:
@@ -482,6 +496,10 @@ ARCHS: dict[str, ArchConfig] = {
     # Apertus: xIELU activation (its parameters per layer in the metadata:
     # tensor_map.METADATA_PARAMETERS), q/k norms, Llama 3's rope scaling
     "apertus": ArchConfig("apertus", fixed={"hidden_act": "xielu"}),
+    # Hunyuan-A13B: MoE with one shared MLP (softmax, normalized), q/k norms per head
+    "hunyuan-moe": ArchConfig("hunyuan_v1_moe", {"expert_used_count": "moe_topk",
+                                                 "expert_feed_forward_length": None},
+                              details=_hunyuan_moe),
     # Hunyuan dense (V1): q/k norms per head
     "hunyuan-dense": ArchConfig("hunyuan_v1_dense"),
     # Gemma (1): llama.cpp stores the norms as 1 + w, as for Gemma 2 and 3

@@ -153,6 +153,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
                                 "(llama.cpp's converter writes them there), q/k norms"),
     "dbrx": _row(note=_OWN + "; DBRX: LayerNorm, q, k and v in one tensor, clamped; MoE in every layer "
                              "(softmax, normalized)"),
+    "hunyuan-moe": _row(note=_OWN + "; Hunyuan-A13B: MoE with a shared MLP, q/k norms per head; converter: "
+                                    "its tiktoken tokenizer (a stand-in over SmolLM2's)"),
     "hunyuan-dense": _row(note=_OWN + "; Hunyuan dense (V1): q/k norms per head"),
     "mistral3": _row(note=_OWN + "; Ministral 3, Mistral Small 3.x (text): YaRN, queries scaled by "
                                  "position (Llama 4's beta)"),

@@ -290,7 +290,8 @@ EXPERT_MODULES = {"MixtralExperts": False, "Qwen2MoeExperts": False, "Qwen3MoeEx
                   "AfmoeExperts": False, "Qwen3NextExperts": False, "Qwen3_5MoeExperts": False,
                   "Gemma4TextExperts": False, "GraniteMoeHybridExperts": False,
                   "GraniteMoeSharedExperts": False, "Dots1Experts": False, "Lfm2MoeExperts": False,
-                  "NemotronHExperts": False, "DbrxExperts": False, "JambaExperts": False}
+                  "NemotronHExperts": False, "DbrxExperts": False, "JambaExperts": False,
+                  "HunYuanMoEV1Experts": False}
 # modules holding the expert stacks of an experts module, their parent: DBRX's experts.mlp
 # (its forward takes one expert's weights; the routing is the parent's)
 EXPERT_WEIGHT_HOLDERS = {"DbrxExpertGLU"}
