@@ -942,7 +942,8 @@ VLLM_BFLOAT16_ONLY = {"qwen3next", "qwen35", "qwen35moe"}
 
 # architectures whose vLLM model computes otherwise than transformers' (on the float checkpoint
 # too, without the plugin): their vLLM cells hold llama.cpp's files to vLLM's own model on the
-# checkpoint they were made from (test_llama_cpp_files.test_models_vllm_computes_otherwise_...)
+# checkpoint they were made from (test_llama_cpp_files.test_models_vllm_computes_otherwise_..., and
+# at TP 2 test_architectures.test_every_architecture_through_vllm_at_tensor_parallel_2)
 VLLM_OWN_REFERENCE = {"lfm2", "lfm2moe", "phimoe", "gemma3n"}
 
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's assert the multi-token-

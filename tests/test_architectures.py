@@ -32,7 +32,7 @@ from hf_models import (
     write_model,
 )
 from llama_cpp import MODELS, VLLM_BFLOAT16_ONLY, VLLM_OWN_REFERENCE, llama_cpp_file
-from test_llama_cpp_files import table_row
+from test_llama_cpp_files import q8_0_own_reference, table_row
 from test_vllm import (  # noqa: F401 (a fixture)
     assert_half_per_rank,
     run_vllm_many,
@@ -52,7 +52,7 @@ VLLM_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 HF_MODELS = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 # through vLLM at two ranks, in one vLLM start (each costs CI about a minute, each model's
 # ranks started again): every dense architecture of the table whose cell says tested
-# (LFM2's: against vLLM's own model, test_llama_cpp_files.test_models_vllm_computes_otherwise_...)
+# (LFM2's and the others of VLLM_OWN_REFERENCE: against vLLM's own model, below)
 VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS]
                         if ARCHITECTURES[a]["tp2"] == TESTED and a not in VLLM_OWN_REFERENCE)
 # and of these, what each rank holds: half of every quantized weight. phi3 holds q, k and v in
@@ -165,7 +165,7 @@ def test_a_quantized_tensor_of_a_module_that_cannot_take_one_is_held_dequantized
 
 
 @pytest.mark.slow
-@_cells("tp2", [*VLLM_TP2_ARCHS, *LLAMA_CPP_TP2])
+@_cells("tp2", [*VLLM_TP2_ARCHS, *LLAMA_CPP_TP2, *VLLM_OWN_REFERENCE])
 def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, vllm_python):  # noqa: F811
     from transformers import AutoTokenizer
 
@@ -176,7 +176,17 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
     for name, outtype in (pair for pairs in LLAMA_CPP_TP2.values() for pair in pairs):
         own[name] = module_tmp(name) / "out"
         convert(llama_cpp_file(name, outtype), own[name])
-    results = run_vllm_many(vllm_python, [*outs.values(), *map(window_as_vllm_counts, own.values())],
+    # the architectures vLLM computes otherwise than transformers (VLLM_OWN_REFERENCE): each Q8_0
+    # file of llama.cpp's converter against vLLM's own model on the checkpoint it was made from,
+    # Q8_0 round-tripped (test_llama_cpp_files.test_models_vllm_computes_otherwise_... at TP 1)
+    own_pairs = []
+    for name in sorted(VLLM_OWN_REFERENCE):
+        out = module_tmp(f"{name}-own") / "out"
+        convert(llama_cpp_file(name, "q8_0"), out)
+        own_pairs.append(q8_0_own_reference(name, llama_cpp_file(name, "q8_0"), out,
+                                            module_tmp(f"{name}-q8_0-round-trip")))
+    results = run_vllm_many(vllm_python, [*outs.values(), *map(window_as_vllm_counts, own.values()),
+                                          *(d for pair in own_pairs for d in pair)],
                             prompts=VLLM_PROMPTS, tp=2, max_tokens=8, held_bytes=True)
     for arch in HALF_PER_RANK_ARCHS:
         vocab = json.loads((outs[arch] / "config.json").read_text())["vocab_size"]
@@ -198,6 +208,11 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
         got = results[str(window_as_vllm_counts(out))]
         if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:
             wrong[name] = (got["token_ids"], tokens)
+    for checkpoint, out in own_pairs:
+        got, own_model = (results[str(d)] for d in (out, checkpoint))
+        if [got[k] for k in ("prompt_token_ids", "token_ids")] != \
+                [own_model[k] for k in ("prompt_token_ids", "token_ids")]:
+            wrong[str(out)] = (got["token_ids"], own_model["token_ids"])
     assert not wrong, wrong
 
 

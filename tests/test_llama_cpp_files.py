@@ -446,10 +446,16 @@ def own_reference_pairs(made, module_tmp):
         shutil.copytree(hf_model_dir(name), checkpoint, dirs_exist_ok=True)
         pairs.append((with_tokenizer_of(f32_out, checkpoint), f32_out))
         src, q8_0_out, _ = made(name, "q8_0")
-        round_trip = module_tmp(f"{name}-q8_0-round-trip")
-        save_checkpoint(name, q8_0_reference(name, src)[0], round_trip)
-        pairs.append((with_tokenizer_of(q8_0_out, round_trip), q8_0_out))
+        pairs.append(q8_0_own_reference(name, src, q8_0_out, module_tmp(f"{name}-q8_0-round-trip")))
     return pairs
+
+
+def q8_0_own_reference(name: str, src: Path, out: Path, target: Path) -> tuple[Path, Path]:
+    """(vLLM's own reference, our output directory) of a VLLM_OWN_REFERENCE model's Q8_0 file
+    `src` (converted into `out`): the checkpoint it was made from with every weight the file
+    quantizes replaced by gguf-py's Q8_0 round trip, saved into `target`."""
+    save_checkpoint(name, q8_0_reference(name, src)[0], target)
+    return with_tokenizer_of(out, target), out
 
 
 def with_tokenizer_of(out: Path, checkpoint: Path) -> Path:
@@ -722,22 +728,16 @@ def test_qwen3next_qkvz_parts_of_two_types_are_held_dequantized(made, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.architecture("vllm", *sorted(VLLM_OWN_REFERENCE))
-@pytest.mark.architecture("tp2", *sorted(VLLM_OWN_REFERENCE))
-def test_models_vllm_computes_otherwise_give_vllms_own_tokens(own_reference_pairs, vllm_float32_results,
-                                                              vllm_python):  # noqa: F811
-    """vLLM's LFM2 and PhiMoE give other tokens than transformers' on the float checkpoints
-    themselves, without the plugin. So their reference is vLLM's own model: on the checkpoint
-    each file was made from (the float file), and on that checkpoint with every weight the Q8_0
-    file quantizes replaced by gguf-py's Q8_0 round trip (the Q8_0 file): the same tokens, at
-    float32; at TP 1 both, at TP 2 the Q8_0 files (their quantized planes split by rank)."""
-    q8_0 = own_reference_pairs[1::2]
-    tp2 = run_vllm_many(vllm_python, [d for pair in q8_0 for d in pair], prompts=VLLM_PROMPTS,
-                        max_tokens=8, tp=2)
-    for results, pairs in ((vllm_float32_results, own_reference_pairs), (tp2, q8_0)):
-        for checkpoint, out in pairs:
-            own = results[str(checkpoint)]
-            assert results[str(out)]["prompt_token_ids"] == own["prompt_token_ids"]
-            assert results[str(out)]["token_ids"] == own["token_ids"], (out, results is tp2)
+def test_models_vllm_computes_otherwise_give_vllms_own_tokens(own_reference_pairs, vllm_float32_results):
+    """vLLM's LFM2, PhiMoE and Gemma 3n give other tokens than transformers' on the float
+    checkpoints themselves, without the plugin. So their reference is vLLM's own model: on the
+    checkpoint each file was made from (the float file), and on that checkpoint with every
+    weight the Q8_0 file quantizes replaced by gguf-py's Q8_0 round trip (the Q8_0 file): the
+    same tokens, at float32 (at TP 2, the Q8_0 files: in tests/test_architectures.py's run)."""
+    for checkpoint, out in own_reference_pairs:
+        own = vllm_float32_results[str(checkpoint)]
+        assert vllm_float32_results[str(out)]["prompt_token_ids"] == own["prompt_token_ids"]
+        assert vllm_float32_results[str(out)]["token_ids"] == own["token_ids"], out
 
 
 @pytest.mark.slow
