@@ -574,7 +574,7 @@ MLA_MODELS: dict[str, tuple[str, dict, str]] = {
                                              num_experts_per_tok=2, n_shared_experts=2,
                                              routed_scaling_factor=1.0, norm_topk_prob=False,
                                              scoring_func="softmax", topk_method="greedy",
-                                             max_position_embeddings=64,
+                                             max_position_embeddings=256,
                                              rope_parameters={"rope_type": "yarn", "factor": 16.0,
                                                               "original_max_position_embeddings": 16,
                                                               "beta_fast": 32.0, "beta_slow": 1.0,
