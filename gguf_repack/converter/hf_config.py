@@ -80,10 +80,9 @@ IGNORED = {
 # tensor_map.METADATA_PARAMETERS); and the file's provenance and sampling defaults, which are
 # not the model's computation.
 READ_ELSEWHERE = ("tokenizer.", "split.", "xielu.", "general.source.", "general.base_model.",
-                  "general.license",
-                  "general.tags", "general.languages", "general.datasets", "general.description",
-                  "general.author", "general.organization", "general.version", "general.url",
-                  "general.doi", "general.uuid", "general.repo_url", "general.quantized_by",
+                  "general.license", "general.tags", "general.languages", "general.datasets",
+                  "general.description", "general.author", "general.organization", "general.version",
+                  "general.url", "general.doi", "general.uuid", "general.repo_url", "general.quantized_by",
                   "general.sampling.")
 
 
