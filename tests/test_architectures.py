@@ -60,11 +60,14 @@ VLLM_TP2_ARCHS = sorted(a for a in [*DENSE, *HF_MODELS]
 # part, not one contiguous slice of the fused rows (the tokens were wrong at TP 2 when it did),
 # and hold them once; llama's q, k and v are three types, three plane sets, each once
 HALF_PER_RANK_ARCHS = ("llama", "phi3")
-# and the architectures transformers' GGUF path cannot read, on files of llama.cpp's own
-# converter: DeepSeek (MLA's heads and the experts' widths split; V2-Lite's kv_a_proj_with_mqa
-# replicated), GLM-4.5. Against our transformers model of the same file, which
+# and, on files of llama.cpp's own converter, the architectures transformers' GGUF path cannot
+# read: DeepSeek (MLA's heads and the experts' widths split; V2-Lite's kv_a_proj_with_mqa
+# replicated), GLM-4.5; and Gemma 3's tiny file (the real Gemma 3 270M runs at one rank in
+# tests/test_vllm.py). Against our transformers model of the same file, which
 # tests/test_deepseek2.py and tests/test_llama_cpp_files.py hold to the model it was made from
 LLAMA_CPP_TP2 = {"deepseek2": [("deepseek-v3", "q8_0"), ("deepseek-v2-lite", "q8_0")],
+                 # Gemma 3: sliding-window layers, linear rope x8 on the global ones
+                 "gemma3": [("gemma3", "q8_0")],
                  "glm4moe": [("glm4moe", "q8_0")],
                  # Qwen3-VL's text models (tests/llama_cpp.py, qwen3_vl_files)
                  "qwen3vl": [("qwen3-vl", "q8_0")], "qwen3vlmoe": [("qwen3-vl-moe", "q8_0")],

@@ -60,8 +60,8 @@ ARCHITECTURES: dict[str, dict[str, str]] = {
     "mistral": _row(note="llama.cpp writes it as `llama` named Mistral"),
     "mixtral": _row(note="`llama` with an expert count; MoE"),
     "gemma2": _row(),
-    "gemma3": _row(tp2="not run yet", note="Gemma 3 270M (real file); converter: linear rope x8 on "
-                                            "the global layers"),
+    "gemma3": _row(note="Gemma 3 270M (real file); converter: linear rope x8 on the global layers "
+                        "(TP 2: the converter's tiny file)"),
     "qwen2": _row(note="converter: tied; untied with yarn rope"),
     "qwen3": _row(),
     "phi3": _row(note="q, k, v in one tensor; gate and up in one; converter: LongRoPE too"),
