@@ -635,6 +635,11 @@ def _entry(name: str) -> tuple[str, dict, str]:
         OWN_FILES_MODELS[name]
 
 
+# the vocabulary of each tokenizer kind: the models' embedding rows (SmolLM2's 49152 for "bpe")
+VOCAB_SIZES = {"bpe": 49152, "glm": 49152 + len(GLM_ADDED), "spm": SPM_VOCAB, "llama-bpe": LLAMA_BPE_VOCAB,
+               "hunyuan": HUNYUAN_VOCAB}
+
+
 def tokenizer_dir(kind: str) -> Path:
     return {"bpe": bpe_tokenizer_dir, "glm": glm_tokenizer_dir, "spm": spm_tokenizer_dir,
             "llama-bpe": llama_bpe_tokenizer_dir, "hunyuan": hunyuan_tokenizer_dir}[kind]()
@@ -646,11 +651,7 @@ def build_model(name: str, dtype=torch.float32):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, overrides, kind = _entry(name)
-    tok = json.loads((tokenizer_dir(kind) / "tokenizer_config.json").read_text()) if kind == "spm" else None
-    vocab = SPM_VOCAB if tok is not None else LLAMA_BPE_VOCAB if kind == "llama-bpe" else \
-        HUNYUAN_VOCAB if kind == "hunyuan" else \
-        49152 + (len(GLM_ADDED) if kind == "glm" else 0)
-    config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
+    config = AutoConfig.for_model(model_type, vocab_size=VOCAB_SIZES[kind], bos_token_id=1, eos_token_id=2,
                                   **overrides)
     torch.manual_seed(int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little"))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
