@@ -96,13 +96,15 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
         sig = {**planes, "IDS": "*i32", "OUT": f"*{act}", "N": "i32", "B": "i32", "n_ids": "i32"}
         return gather_rows_kernel, sig, {"BLOCK": block_size, "BI": cfg["BI"],
                                          "DQ": fmt.dequant}, cfg, cfg["BI"]
-    common = {**planes, "X": f"*{act}", "OUT": "*fp32", "M": "i32", "N": "i32", "B": "i32",
+    # the products write x's dtype; with split K through a float32 workspace (split_k.py)
+    split_k = {"OUT": f"*{act}", "SUMS": "*fp32", "COUNTS": "*i32"}
+    common = {**planes, "X": f"*{act}", **split_k, "M": "i32", "N": "i32", "B": "i32",
               "stride_xm": "i32", "stride_om": "i32"}
     if family == "moe_gemv":  # one routed token a program, as the GEMV at M = 1
         cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, dev, act)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"),
-               "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "PAIR_EXPERT": "*i32",
-               "PAIR_X": "*i32", "OUT": "*fp32", "N": "i32", "B": "i32", "stride_om": "i32"}
+               "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "IDS": "*i64",
+               "XDIV": "i32", "E": "i32", **split_k, "N": "i32", "B": "i32", "stride_om": "i32"}
         return moe_gemv_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
@@ -112,7 +114,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
         m = 1 if family == "gemv" else 8
         cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, dev, act)
         # x comes prepared (float32, or int8 and scales), whatever the activations' dtype
-        sig = {**planes, "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "OUT": "*fp32",
+        sig = {**planes, "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", **split_k,
                "N": "i32", "B": "i32", "stride_om": "i32"}
         return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
@@ -122,8 +124,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
     if family in GEMM_BM:
         cfg = configs.gemm_config(fmt.name, block_size, m or GEMM_M[family], n, k // block_size, dev, act,
                                   bm=GEMM_BM[family])
-        out = "*fp32" if cfg["SPLIT_K"] > 1 else f"*{act}"
-        return gemm_kernel, {**common, "OUT": out}, {
+        return gemm_kernel, common, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             **gemm_dequant(fmt, act == "fp16"), "SPLIT_K": cfg["SPLIT_K"],
             "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act)}, cfg, cfg["BN"]

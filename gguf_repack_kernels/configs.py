@@ -116,9 +116,9 @@ def _tiles(path: Path) -> dict:
 # What the tuner tries (each candidate is a compile on first use: the sets are small)
 GEMV_CANDIDATES = [{"ROWS": rows, "PARTS": parts, "num_warps": 4}
                    for rows in (1, 2, 4) for parts in (1, 2, 4)]
-# and K whole (SPLIT_K 1): two launches a product instead of four (no zeroed float32 output for
-# the atomics, no cast to x's dtype after), fewer threads a row: the H200's first timings put
-# the GEMV's 11-15 us at 4096 x 4096 near four launches' fixed cost (BENCHMARKS.md "GPU")
+# and K whole (SPLIT_K 1): no float32 atomics, no workspace, fewer threads a row (split K is
+# two launches a product too, since it is finished in the kernel: split_k.py; it was four
+# when the H200's first timings put the GEMV's 11-15 us near their fixed cost, BENCHMARKS.md)
 GEMV_CANDIDATES += [{"ROWS": 1, "PARTS": parts, "num_warps": warps, "SPLIT_K": 1}
                     for warps in (1, 2) for parts in (1, 2, 4)]
 # and K split further, until 4 or 8 programs an SM (the rule's 2 is the default): the same

@@ -16,7 +16,7 @@ from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
 from .gemv import gemv_dot_kernel, prepare_x_kernel, prepare_x_q8_kernel
-from .moe import moe_gemm_kernel, moe_gemv_kernel
+from .moe import moe_gemm_kernel, moe_gemv_kernel, sort_by_expert_kernel
 from .registry import FORMATS, MAX_PLANES, Format
 
 # Each module registers its types on import.
@@ -114,12 +114,19 @@ def _device(device: torch.device) -> configs.Device:
     return configs.device_of(device)
 
 
-def _gemv_output(m: int, n: int, split_k: int, x: torch.Tensor) -> torch.Tensor:
-    """The GEMVs' output: with split K, partial sums are added atomically, so it starts as
-    zeros in float32."""
-    if split_k > 1:
-        return torch.zeros(m, n, device=x.device, dtype=torch.float32)
-    return torch.empty(m, n, device=x.device, dtype=x.dtype)
+def _split_k_workspace(m: int, n: int, counters: int, split_k: int, out: torch.Tensor,
+                       zeroed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(SUMS, COUNTS, the buffer to zero) for a kernel that splits K (split_k.py): float32
+    sums [m, n] with the strides of `out` (contiguous: the kernels take one offset for both)
+    and int32 counters, one buffer, zeroed here (`zeroed`) or by x's preparation (the buffer
+    returned, for it to zero). Without split K nothing: `out` stands in for the pointers the
+    kernel then never reads."""
+    assert out.shape == (m, n) and out.is_contiguous(), (out.shape, out.stride())
+    if split_k == 1:
+        return out, out, None
+    buffer = (torch.zeros if zeroed else torch.empty)(m * n + counters, device=out.device,
+                                                       dtype=torch.float32)
+    return buffer[:m * n], buffer[m * n:].view(torch.int32), None if zeroed else buffer
 
 
 def gemm_dequant(fmt: Format, float16: bool) -> dict:
@@ -166,80 +173,89 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
     if path == "gemv":
         cfg = _deterministic(_gemv_config(type_name, m, n, b, x.device, x.dtype, tile))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
-        xf, xs = _prepared_x(x2, fmt)
-        out = _gemv_output(m, n, cfg["SPLIT_K"], x)
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
         grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
-        gemv_dot_kernel[grid](*args, xf, xs, out, n, b, out.stride(0),
+        sums, counts, zero = _split_k_workspace(m, n, m * grid[0], cfg["SPLIT_K"], out, zeroed=False)
+        xf, xs = _prepared_x(x2, fmt, zero)
+        gemv_dot_kernel[grid](*args, xf, xs, out, sums, counts, n, b, out.stride(0),
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
                               STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
     else:
         cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b, _device(x.device),
                                                  x.dtype, tile))
-        if cfg["SPLIT_K"] > 1:  # partial sums added atomically
-            out = torch.zeros(m, n, device=x.device, dtype=torch.float32)
-        else:
-            out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
         grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
-        gemm_kernel[grid](*args, x2, out, m, n, b, x2.stride(0), out.stride(0),
+        sums, counts, _ = _split_k_workspace(m, n, grid[0] * grid[1], cfg["SPLIT_K"], out, zeroed=True)
+        gemm_kernel[grid](*args, x2, out, sums, counts, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
                           IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
                           **gemm_dequant(fmt, x.dtype == torch.float16),
                           SWAP=configs.swap_ab(type_name, cfg["BM"], x.dtype),
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+    return out.reshape(*x.shape[:-1], n)
 
 
-def _sorted_by_expert(expert_ids: torch.Tensor, n_experts: int, bm: int, x_per_slot: bool):
-    """The routed (token, slot) pairs sorted by expert, each expert's run padded to bm rows:
-    each padded slot's row of x and of the output (-1 for padding), each bm-row tile's expert
-    (-1 past the last expert's tiles). Pairs with expert -1 (another rank's) get no slot.
+def _sorted_by_expert(ids: torch.Tensor, n_experts: int, bm: int, x_per_slot: bool):
+    """The routed (token, slot) pairs sorted by expert, each expert's run padded to bm rows
+    (moe.sort_by_expert_kernel, one launch): each padded slot's row of x and of the output
+    (-1 for padding), each bm-row tile's expert (-1 past the last expert's tiles). Pairs with
+    expert -1 (another rank's) get no slot; an id outside -1..E-1 raises (a device-side
+    assert on a GPU).
 
     On the device, with no host synchronization: every size comes from the shapes alone,
     as a CUDA graph needs (it replays the sizes and grids it captured, whatever the routing).
     The bound: an expert with c pairs takes ceil(c / bm) <= c // bm + 1 tiles, so P pairs
     never take more than P // bm + min(E, P) tiles. The launch has that many; the tiles past
     the last expert's find -1 and return at once."""
-    flat = expert_ids.reshape(-1).long()
-    pairs, device = flat.numel(), flat.device
-    key = torch.where(flat >= 0, flat, n_experts)  # another rank's pairs sort last, slotless
-    order = torch.sort(key, stable=True).indices
-    key_sorted = key[order]
-    counts = torch.zeros(n_experts + 1, dtype=torch.long, device=device)
-    counts = counts.scatter_add_(0, key, torch.ones_like(key))[:n_experts]
-    tiles = (counts + bm - 1) // bm
-    tiles_end = torch.cumsum(tiles, 0)
-    first_slot = (tiles_end - tiles) * bm
-    first_pair = torch.cumsum(counts, 0) - counts
-    expert = key_sorted.clamp(max=n_experts - 1)
-    slot = first_slot[expert] + torch.arange(pairs, device=device) - first_pair[expert]
+    t, top = ids.shape
+    pairs, device = t * top, ids.device
     max_tiles = pairs // bm + min(n_experts, pairs)
-    spare = max_tiles * bm  # one slot more: where the slotless pairs are written, then cut off
-    slot = torch.where(key_sorted < n_experts, slot, spare)
-    x_rows = torch.full((spare + 1,), -1, dtype=torch.int32, device=device)
-    out_rows = torch.full((spare + 1,), -1, dtype=torch.int32, device=device)
-    x_rows[slot] = (order if x_per_slot else order // expert_ids.shape[1]).to(torch.int32)
-    out_rows[slot] = order.to(torch.int32)
-    tile = torch.arange(max_tiles, device=device)
-    tile_expert = torch.searchsorted(tiles_end, tile, right=True)
-    tile_expert = torch.where(tile_expert < n_experts, tile_expert, -1).to(torch.int32)
-    return x_rows[:spare], out_rows[:spare], tile_expert
+    x_rows = torch.empty(max_tiles * bm, dtype=torch.int32, device=device)
+    out_rows = torch.empty(max_tiles * bm, dtype=torch.int32, device=device)
+    tile_expert = torch.empty(max_tiles, dtype=torch.int32, device=device)
+    experts_pad = triton.next_power_of_2(n_experts + 1)
+    cursor_ok = torch.empty(experts_pad + 1, dtype=torch.int32, device=device)
+    sort_by_expert_kernel[(1,)](ids.reshape(-1).contiguous(), pairs, n_experts, 1 if x_per_slot else top,
+                                cursor_ok, cursor_ok[experts_pad:], x_rows, out_rows, tile_expert,
+                                max_tiles, BM=bm, E_PAD=experts_pad, BK=1024)
+    _assert_ids(cursor_ok[experts_pad:], n_experts)
+    return x_rows, out_rows, tile_expert
 
 
-def _prepared_x(x2: torch.Tensor, fmt: Format):
+def _prepared_x(x2: torch.Tensor, fmt: Format, zero: torch.Tensor | None,
+                expert_ids: tuple[torch.Tensor, int] | None = None):
     """The GEMV's x (gemv.py): float32, or for an `x_int8` type int8 and its scales, with the
-    sums of 16."""
+    sums of 16; and by the same launch `zero` (the GEMV's split-K workspace, or None) zeroed
+    and `expert_ids` (the expert GEMV's flat ids and the stack's expert count) checked: a bad
+    id raises (on a GPU, a device-side assert) before the GEMV reads a weight for it."""
     m, k = x2.shape
     b = k // fmt.block_size
     xs = torch.empty(m, k // 16, device=x2.device, dtype=torch.float32)
+    z, zn = (xs, 0) if zero is None else (zero, zero.numel())
+    ids, n_ids, n_experts, ok = xs, 0, 0, xs
+    if expert_ids is not None:
+        (ids, n_experts), ok = expert_ids, torch.empty(1, device=x2.device, dtype=torch.int32)
+        n_ids = ids.numel()
+    check = {"CHECK_IDS": expert_ids is not None}
     if fmt.x_int8:
         xf = torch.empty(m, b * fmt.x_stride, device=x2.device, dtype=torch.int8)
         prepare_x_q8_kernel[(m, triton.cdiv(k, 1024))](
-            x2, xf, xs, k, x2.stride(0), BLOCK=fmt.block_size, XSTRIDE=fmt.x_stride, BK=1024)
+            x2, xf, xs, k, x2.stride(0), z, zn, ids, n_ids, n_experts, ok, BLOCK=fmt.block_size,
+            XSTRIDE=fmt.x_stride, BK=1024, **check)
     else:
         xf = torch.empty(m, k, device=x2.device, dtype=torch.float32)
-        prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), BK=1024)
+        prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), z, zn, ids, n_ids,
+                                                    n_experts, ok, BK=1024, **check)
+    if expert_ids is not None:
+        _assert_ids(ok, n_experts)
     return xf, xs
+
+
+def _assert_ids(ok: torch.Tensor, n_experts: int) -> None:
+    """Asserted on the device: reading the ids on the host would synchronize, which a CUDA
+    graph's capture forbids. On CPU tensors it raises here (RuntimeError)."""
+    torch._assert_async(ok, f"expert_matmul: expert ids must be in -1..{n_experts - 1}")
 
 
 def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device, dtype: torch.dtype,
@@ -275,7 +291,9 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
     zeros where the id is -1. The path by expert_path: a GEMV a (token, slot) pair, or one
     launch of tiles for all experts (moe.py), or for prefill's long runs each chosen expert's
     weight dequantized once, then torch.matmul. Up to configs.MOE_GRAPH_MAX_TOKENS tokens no
-    step synchronizes with the host (tests/test_host_sync.py)."""
+    step synchronizes with the host (tests/test_host_sync.py). An id outside -1..E-1 raises
+    RuntimeError (on a GPU a device-side assert) and reads no weight; the ids are read as
+    given, int32 or int64."""
     fmt = _format(type_name)
     n_experts, n, k = shape
     t, top = expert_ids.shape
@@ -285,7 +303,8 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
     ids = expert_ids.to(x.device)
     path = expert_path(type_name, t, top, n_experts)
     with _launch_device(x.device):
-        if path == "dequantize+matmul":
+        if path == "dequantize+matmul":  # the ids checked by torch ops (it reads them anyway)
+            _assert_ids(((ids >= -1) & (ids < n_experts)).all(), n_experts)
             out = torch.zeros(t * top, n, device=x.device, dtype=x.dtype)
             return _experts_dequantized(x2, ids, planes, type_name, shape, x.dim() == 3, out)
         return _expert_kernels(x, x2, ids, planes, fmt, shape, path)
@@ -300,17 +319,17 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
     if path == "gemv":  # a few rows an expert: a GEMV a pair
         cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype))
-        xf, xs = _prepared_x(x2, fmt)
-        out = _gemv_output(pairs, n, cfg["SPLIT_K"], x).zero_()  # -1's rows stay zero
-        pair_x = torch.arange(pairs, device=x.device, dtype=torch.int32)
-        if x.dim() == 2:
-            pair_x = pair_x // top
+        out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
         grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
-        moe_gemv_kernel[grid](*args, *strides, xf, xs, ids.reshape(-1).to(torch.int32).contiguous(),
-                              pair_x, out, n, b, out.stride(0), BLOCK=fmt.block_size, BN=cfg["BN"],
-                              SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
+        sums, counts, zero = _split_k_workspace(pairs, n, pairs * grid[0], cfg["SPLIT_K"], out,
+                                                zeroed=False)
+        flat_ids = ids.reshape(-1).contiguous()
+        xf, xs = _prepared_x(x2, fmt, zero, (flat_ids, n_experts))
+        moe_gemv_kernel[grid](*args, *strides, xf, xs, flat_ids, top if x.dim() == 2 else 1, n_experts,
+                              out, sums, counts, n, b, out.stride(0), BLOCK=fmt.block_size,
+                              BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
-        return out.to(x.dtype).reshape(t, top, n)
+        return out.reshape(t, top, n)
     cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(pairs, n_experts),
                              _device(x.device), x.dtype)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)

@@ -10,14 +10,16 @@ without a trip through shared memory, at the full HGMMA rate, its 64-row side fi
 weight tile whatever the batch (estimated from the sm_90 SASS: BENCHMARKS.md, "Paths by M").
 
 With SPLIT_K > 1, program (., ., s) takes block columns s, s + SPLIT_K, ... and adds its
-partial sums atomically into a float32 output: at small M there are too few tiles to give
-every SM two programs, and only two or more programs on an SM let one's MMA run while
-another dequantizes (configs.gemm_config)."""
+partial sums atomically into a float32 workspace, the tile's last program writing the total
+in x's dtype (split_k.py): at small M there are too few tiles to give every SM two programs,
+and only two or more programs on an SM let one's MMA run while another dequantizes
+(configs.gemm_config)."""
 
 import triton
 import triton.language as tl
 
 from .fields import tile_columns
+from .split_k import add_partial_sums
 
 
 @triton.jit
@@ -47,10 +49,12 @@ def tile_result(acc, SWAP: tl.constexpr):
 
 # The batch size only masks rows: one compiled variant serves every value of it.
 @triton.jit(do_not_specialize=["M"])
-def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om,
+def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride_xm, stride_om,
                 BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
                 XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False):
+    # SUMS (float32, OUT's strides) and COUNTS [tiles] int32, zeroed: the split-K workspace
+    # (split_k.py)
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
@@ -67,9 +71,9 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, M, N, B, stride_xm, stride_om
         x = tl.load(X + ms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
                     mask=(ms < M)[:, None], other=0.0)
         acc = tile_product(acc, x, w, IEEE, SWAP)
-    out = OUT + ms[:, None].to(tl.int64) * stride_om + rows[None, :]
+    offsets = ms[:, None].to(tl.int64) * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:
-        tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=out_mask)
+        tl.store(OUT + offsets, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=out_mask)
     else:
-        tl.atomic_add(out, tile_result(acc, SWAP), mask=out_mask)
+        add_partial_sums(tile_result(acc, SWAP), SUMS, OUT, offsets, out_mask, COUNTS, 2, SPLIT_K)

@@ -11,19 +11,44 @@ sub-block, not per weight. A program takes one row of x (grid axis 2): at M up t
 tile is unpacked once per row of x, and read again from L2. What this buys is measured from
 the SASS: `scripts/inspect_kernels.py --sass`.
 
-With SPLIT_K > 1 the partial sums are added atomically into a float32 output.
+With SPLIT_K > 1 the partial sums are added atomically into a float32 workspace, and the last
+program of each tile writes the total in x's dtype (split_k.py): with x's preparation, which
+zeroes that workspace, a product is two launches.
 """
 
 import triton
 import triton.language as tl
 
+from .split_k import add_partial_sums, zero_share
+
 
 @triton.jit
-def prepare_x_kernel(X, XF, XS, K, stride_xm, BK: tl.constexpr):
+def check_expert_ids(IDS, NIDS, E, OK, BK: tl.constexpr):
+    """OK[0] = 1 if every one of the NIDS expert ids at IDS is in -1..E-1, else 0: for the
+    expert GEMV (moe.py), by program (0, 0) of its x's preparation, so that one assert after
+    it (dispatch.py) refuses a bad id without a launch of its own or a host sync."""
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        bad = 0
+        for start in range(0, NIDS, BK):
+            at = start + tl.arange(0, BK)
+            ids = tl.load(IDS + at, mask=at < NIDS, other=0)
+            bad += tl.sum(((ids < -1) | (ids >= E)).to(tl.int32))
+        tl.store(OK, (bad == 0).to(tl.int32))
+
+
+@triton.jit
+def prepare_x_kernel(X, XF, XS, K, stride_xm, Z, ZN, IDS, NIDS, E, OK, BK: tl.constexpr,
+                     CHECK_IDS: tl.constexpr = False):
     """The dot GEMV's x: row program_id(0) of X as float32 into XF [M, K], and the sum of
     every 16 of its values into XS [M, K // 16] (K is a multiple of 32). Done once here, not
     by every thread of the GEMV for its own rows: there each conversion and each sum of x
-    cost as much issue as a weight's FFMA (llama.cpp's quantize_q8_1 is the same idea)."""
+    cost as much issue as a weight's FFMA (llama.cpp's quantize_q8_1 is the same idea).
+    And the rest of what the GEMV needs before it runs, so that a product is two launches:
+    Z[0:ZN] zeroed (the split-K workspace, split_k.py); for the expert GEMV (CHECK_IDS) its
+    ids checked (check_expert_ids)."""
+    zero_share(Z, ZN, BK)
+    if CHECK_IDS:
+        check_expert_ids(IDS, NIDS, E, OK, BK)
     m = tl.program_id(0)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     live = cols < K
@@ -45,13 +70,16 @@ def round_half_away(v):
 
 
 @triton.jit
-def prepare_x_q8_kernel(X, XQ, XS, K, stride_xm, BLOCK: tl.constexpr, XSTRIDE: tl.constexpr,
-                        BK: tl.constexpr):
+def prepare_x_q8_kernel(X, XQ, XS, K, stride_xm, Z, ZN, IDS, NIDS, E, OK, BLOCK: tl.constexpr,
+                        XSTRIDE: tl.constexpr, BK: tl.constexpr, CHECK_IDS: tl.constexpr = False):
     """The int8 GEMV's x (fields.py, "GEMV with int8 x"): row program_id(0) of X quantized
     per 32 values exactly as gguf-py's Q8_0 quantizes (d = max|x| / 127, q = roundf(x / d),
     d kept as float16), into XQ [M, K / BLOCK, XSTRIDE] bytes: each block's BLOCK values,
     then its float32 d's; and XS [M, K // 16], the sums of 16 of q * d (exact: 11 bits of
-    sum times an 11-bit d) for the sub-blocks' mins."""
+    sum times an 11-bit d) for the sub-blocks' mins. And Z and the ids as prepare_x_kernel."""
+    zero_share(Z, ZN, BK)
+    if CHECK_IDS:
+        check_expert_ids(IDS, NIDS, E, OK, BK)
     m = tl.program_id(0)
     cols = tl.program_id(1) * BK + tl.arange(0, BK)
     live = cols < K
@@ -75,26 +103,30 @@ def prepare_x_q8_kernel(X, XQ, XS, K, stride_xm, BLOCK: tl.constexpr, XSTRIDE: t
 
 
 @triton.jit
-def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, stride_om,
+def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, N, B, stride_om,
                     BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
                     PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
                     STAGES: tl.constexpr = 1):
     # XF, XS: the prepared x (prepare_x_kernel's float32 x, XSTRIDE = BLOCK elements a
     # block, or prepare_x_q8_kernel's int8 x and scales, XSTRIDE bytes a block) and the sums
-    # of 16 of x, rows of B * XSTRIDE and B * BLOCK // 16
-    gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF + tl.program_id(2) * B * XSTRIDE,
-                 XS + tl.program_id(2) * B * (BLOCK // 16), OUT + tl.program_id(2) * stride_om,
-                 N, B, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE, STAGES)
+    # of 16 of x, rows of B * XSTRIDE and B * BLOCK // 16; SUMS (float32, OUT's strides) and
+    # COUNTS [M, tiles] int32, zeroed: the split-K workspace (split_k.py)
+    m = tl.program_id(2)
+    gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF + m * B * XSTRIDE, XS + m * B * (BLOCK // 16),
+                 OUT, SUMS, COUNTS, N, B, stride_om, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE, STAGES)
 
 
 @triton.jit
-def gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, BLOCK: tl.constexpr,
-                 BN: tl.constexpr, SPLIT_K: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr,
-                 XSTRIDE: tl.constexpr, STAGES: tl.constexpr = 1):
+def gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, N, B, stride_om,
+                 BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr, PARTS: tl.constexpr,
+                 DOT: tl.constexpr, XSTRIDE: tl.constexpr, STAGES: tl.constexpr = 1):
     """One row of x (XF, XS at its first block) times BN rows of the weight (P0..P4 at its
-    first block column) into OUT (the output row): the GEMV's body, shared with the expert
-    GEMV (moe.py). STAGES > 1 (a tuner's candidate, configs.GEMV_CANDIDATES): the K loop
-    under Triton's software pipeliner, STAGES - 1 iterations' planes loaded ahead (into
+    first block column) into row program_id(2) of OUT (with SPLIT_K > 1 through SUMS and
+    COUNTS, the split-K workspace: split_k.py): the GEMV's body, shared with the expert GEMV
+    (moe.py). The output row's address is made after the K loop, as the split-K counter's is:
+    values made before it live across the loop, where ptxas may park them in local memory.
+    STAGES > 1 (a tuner's candidate, configs.GEMV_CANDIDATES): the K loop under Triton's
+    software pipeliner, STAGES - 1 iterations' planes loaded ahead (into
     shared memory, by asynchronous copies), for more bytes in flight a program."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask = rows < N
@@ -113,7 +145,8 @@ def gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, N, B, BLOCK: tl.constex
             j = i // PARTS
             acc += DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + j * XSTRIDE,
                        XS + j * (BLOCK // 16), i % PARTS, PARTS)
+    at = tl.program_id(2).to(tl.int64) * stride_om + rows
     if SPLIT_K == 1:
-        tl.store(OUT + rows, acc.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(OUT + at, acc.to(OUT.dtype.element_ty), mask=mask)
     else:
-        tl.atomic_add(OUT + rows, acc, mask=mask)
+        add_partial_sums(acc, SUMS, OUT, at, mask, COUNTS, 1, SPLIT_K)

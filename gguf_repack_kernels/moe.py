@@ -1,7 +1,7 @@
 """Kernel family: products of routed tokens with an expert stack, one launch for all experts
 (the manner of vLLM's fused_moe). The stack's planes are [E, B, N, count]; the (token, slot)
 pairs are sorted by expert and each expert's run padded to the tile's BM rows, on the device
-(dispatch._sorted_by_expert), so every BM-row tile belongs to one expert: the program reads that
+(sort_by_expert_kernel), so every BM-row tile belongs to one expert: the program reads that
 expert's planes at its offset, gathers its rows of x, dequantizes each weight tile once for
 the BM rows, and scatters its results to the pairs' output rows. Experts no token chose have
 no tile: their weights are never read.
@@ -22,18 +22,78 @@ from .gemv import gemv_dot_row
 
 
 @triton.jit
-def moe_gemv_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, XF, XS, PAIR_EXPERT, PAIR_X,
-                    OUT, N, B, stride_om, BLOCK: tl.constexpr, BN: tl.constexpr,
+def moe_gemv_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, XF, XS, IDS, XDIV, E, OUT, SUMS,
+                    COUNTS, N, B, stride_om, BLOCK: tl.constexpr, BN: tl.constexpr,
                     SPLIT_K: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr,
                     XSTRIDE: tl.constexpr):
-    # program (., ., pair): the pair's row of the prepared x (gemv.py) times its expert
+    # program (., ., pair): the pair's row of the prepared x (gemv.py), pair // XDIV (XDIV:
+    # the slots a token has where x is one a token, else 1), times its expert IDS[pair], the
+    # routing's own ids (int32 or int64, as given); SUMS (float32, OUT's strides) and COUNTS
+    # [pairs, tiles], zeroed: the split-K workspace (split_k.py)
     pair = tl.program_id(2)
-    e = tl.load(PAIR_EXPERT + pair).to(tl.int64)
-    if e >= 0:  # -1: another rank's expert, its output row stays zero
-        x = tl.load(PAIR_X + pair).to(tl.int64)
-        gemv_dot_row(P0 + e * S0, P1 + e * S1, P2 + e * S2, P3 + e * S3, P4 + e * S4, TABLE,
-                     XF + x * B * XSTRIDE, XS + x * B * (BLOCK // 16), OUT + pair * stride_om,
-                     N, B, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE)
+    e = tl.load(IDS + pair).to(tl.int64)
+    # -1: another rank's expert; out of -1..E-1: refused by the check before this launch
+    # (dispatch.py). Neither reads a weight; the row is written, as zeros: every row of the
+    # output comes from this launch, none from a zeroing before it
+    live = (e >= 0) & (e < E)
+    blocks = tl.where(live, B, 0)
+    e = tl.where(live, e, 0)
+    x = (pair // XDIV).to(tl.int64)
+    gemv_dot_row(P0 + e * S0, P1 + e * S1, P2 + e * S2, P3 + e * S3, P4 + e * S4, TABLE,
+                 XF + x * B * XSTRIDE, XS + x * B * (BLOCK // 16), OUT, SUMS, COUNTS, N, blocks,
+                 stride_om, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE)
+
+
+@triton.jit
+def sort_by_expert_kernel(IDS, P, E, XDIV, CURSOR, OK, X_ROWS, OUT_ROWS, TILE_EXPERT, MAX_TILES,
+                          BM: tl.constexpr, E_PAD: tl.constexpr, BK: tl.constexpr):
+    """The routed (token, slot) pairs sorted by expert for the tiles (moe_gemm_kernel), in one
+    program: vLLM's moe_align_block_size, for these tiles. IDS: the P = T * k ids as the
+    router gave them, -1 another rank's expert; E experts, E_PAD a power of two above E.
+    Writes, for MAX_TILES tiles of BM slots: each slot's row of x (pair // XDIV) and of the
+    output (the pair), -1 for padding, in X_ROWS and OUT_ROWS; each tile's expert, -1 past the
+    last expert's tiles, in TILE_EXPERT; OK[0] = 1 if every id is in -1..E-1, else 0 (an
+    assert on it follows: dispatch.py). CURSOR: E_PAD int32 of scratch.
+
+    Each expert's pairs get ceil(count / BM) whole tiles, in expert order (an expert no pair
+    chose gets none), its pairs the first slots of them; a pair takes its slot by an atomic
+    increment of its expert's cursor, so the order of the pairs within an expert's tiles is
+    the atomics' (which changes no product: the tile's rows are independent). Sized from the
+    shapes alone (MAX_TILES = P // BM + min(E, P): dispatch.py), as a CUDA graph needs."""
+    experts = tl.arange(0, E_PAD)
+    # 1. each expert's pairs: another rank's (-1), a bad id, or past the last pair count as E
+    counts = tl.zeros((E_PAD,), dtype=tl.int32)
+    bad = 0
+    for start in range(0, P, BK):
+        at = start + tl.arange(0, BK)
+        e = tl.load(IDS + at, mask=at < P, other=-1).to(tl.int32)
+        bad += tl.sum(((e < -1) | (e >= E)).to(tl.int32))
+        key = tl.where((e >= 0) & (e < E), e, E)
+        counts += tl.histogram(key, E_PAD).to(tl.int32)
+    tl.store(OK, (bad == 0).to(tl.int32))
+    tiles = tl.where(experts < E, (counts + BM - 1) // BM, 0)
+    tiles_end = tl.cumsum(tiles, 0)
+    tl.store(CURSOR + experts, (tiles_end - tiles) * BM)  # each expert's first slot
+    # 2. each tile's expert: the count of experts whose tiles end at or before it
+    for start in range(0, MAX_TILES, 16):
+        tile = start + tl.arange(0, 16)
+        before = (tiles_end[None, :] <= tile[:, None]) & (experts < E)[None, :]
+        expert = tl.sum(before.to(tl.int32), axis=1)
+        tl.store(TILE_EXPERT + tile, tl.where(expert < E, expert, -1), mask=tile < MAX_TILES)
+    # 3. every slot padding until a pair takes it
+    for start in range(0, MAX_TILES * BM, BK):
+        at = start + tl.arange(0, BK)
+        tl.store(X_ROWS + at, tl.full((BK,), -1, tl.int32), mask=at < MAX_TILES * BM)
+        tl.store(OUT_ROWS + at, tl.full((BK,), -1, tl.int32), mask=at < MAX_TILES * BM)
+    tl.debug_barrier()  # the cursors and the padding written, before the pairs take slots
+    # 4. each pair with an expert of this rank takes the next slot of its expert's
+    for start in range(0, P, BK):
+        at = start + tl.arange(0, BK)
+        e = tl.load(IDS + at, mask=at < P, other=-1).to(tl.int32)
+        placed = (at < P) & (e >= 0) & (e < E)
+        slot = tl.atomic_add(CURSOR + tl.where(placed, e, 0), 1, mask=placed, sem="relaxed")
+        tl.store(X_ROWS + slot, at // XDIV, mask=placed)
+        tl.store(OUT_ROWS + slot, at, mask=placed)
 
 
 @triton.jit

@@ -123,8 +123,8 @@ class Timer:
 
 def kernel_breakdown(fn, device: torch.device, calls: int = 20) -> dict | str | None:
     """{kernel name: device microseconds per call} over `calls` eager calls of fn, from
-    torch's profiler (CUPTI): what one product launches (the GEMV: x's preparation, the
-    split-K output's zeros, the GEMV itself, the cast to x's dtype) and what each costs on
+    torch's profiler (CUPTI): what one product launches (the GEMV: x's preparation, which
+    zeroes the split-K workspace, and the GEMV itself; split_k.py) and what each costs on
     the device, beside the graph replay's time per call (the gaps between kernels are the
     rest). None on CPU; the error's text if the profiler fails (the bench goes on)."""
     if device.type != "cuda":

@@ -78,8 +78,8 @@ def _raw_row(name: str, arch: int, act: str, sass: bool) -> dict:
 
     from gguf_repack.format.type_table import TYPES_BY_NAME
 
-    sig = {"RAW": "*u8", "TABLE": "*i32", "X": "*fp16", "OUT": "*fp32", "M": "i32", "N": "i32",
-           "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
+    sig = {"RAW": "*u8", "TABLE": "*i32", "X": "*fp16", "OUT": "*fp16", "SUMS": "*fp32",
+           "COUNTS": "*i32", "M": "i32", "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
     qtype = TYPES_BY_NAME[name]
     n, k = SHAPE
     cfg = raw_gemv_config(qtype.block_size, n, k // qtype.block_size, device(arch).sms)

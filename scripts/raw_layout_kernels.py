@@ -27,6 +27,7 @@ from gguf_repack_kernels import FORMATS
 from gguf_repack_kernels.fields import concat, nibbles
 from gguf_repack_kernels.formats_iquants import bitfields, kvalue, per_group
 from gguf_repack_kernels.formats_kquants import bit_fields, per_weight
+from gguf_repack_kernels.split_k import add_partial_sums
 
 
 @triton.jit
@@ -139,7 +140,7 @@ def _raw_iq4_xs(block, mask, TABLE):
 
 # The batch size only masks rows: one compiled variant serves every value of it.
 @triton.jit(do_not_specialize=["M"])
-def raw_gemv_kernel(RAW, TABLE, X, OUT, M, N, B, stride_xm, stride_om, BLOCK: tl.constexpr,
+def raw_gemv_kernel(RAW, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride_xm, stride_om, BLOCK: tl.constexpr,
                     TYPE_SIZE: tl.constexpr, BN: tl.constexpr, M_PAD: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -159,8 +160,9 @@ def raw_gemv_kernel(RAW, TABLE, X, OUT, M, N, B, stride_xm, stride_om, BLOCK: tl
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:
         tl.store(out, acc.to(OUT.dtype.element_ty), mask=out_mask)
-    else:
-        tl.atomic_add(out, acc, mask=out_mask)
+    else:  # as the planes' GEMV finishes split K (gguf_repack_kernels/split_k.py)
+        offsets = ms[:, None] * stride_om + rows[None, :]  # the workspace has OUT's strides
+        add_partial_sums(acc, SUMS, OUT, offsets, out_mask, COUNTS, 1, SPLIT_K)
 
 
 RAW_DEQUANT = {"Q8_0": _raw_q8_0, "Q4_0": _raw_q4_0, "Q4_K": _raw_q4_k, "Q5_K": _raw_q5_k,
@@ -196,14 +198,15 @@ def raw_matmul(x: torch.Tensor, raw: torch.Tensor, type_name: str, shape,
     cfg = raw_gemv_config(qtype.block_size, n, b, _multiprocessors(x.device))
     bn = cfg["BN"] if bn is None else bn
     split_k = cfg["SPLIT_K"] if split_k is None else split_k
-    # Partial sums of a split K are added atomically, so they need a zeroed float32 output.
-    out = (torch.zeros(m, n, dtype=torch.float32, device=x.device) if split_k > 1
-           else torch.empty(m, n, dtype=x.dtype, device=x.device))
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    # split K's float32 sums and a counter a tile, zeroed (gguf_repack_kernels/split_k.py)
+    grid = (triton.cdiv(n, bn), split_k)
+    workspace = torch.zeros(m * n + grid[0], dtype=torch.float32, device=x.device)
+    sums, counts = workspace[:m * n], workspace[m * n:].view(torch.int32)
     fmt = FORMATS[type_name]
     table = fmt.table(x.device) if fmt.table is not None else raw  # any valid pointer
-    grid = (triton.cdiv(n, bn), split_k)
-    raw_gemv_kernel[grid](raw, table, x2, out, m, n, b, x2.stride(0), out.stride(0),
+    raw_gemv_kernel[grid](raw, table, x2, out, sums, counts, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=qtype.block_size, TYPE_SIZE=qtype.type_size, BN=bn,
                           M_PAD=triton.next_power_of_2(m), SPLIT_K=split_k,
                           DQ=RAW_DEQUANT[type_name], num_warps=cfg["num_warps"])
-    return out.to(x.dtype)
+    return out

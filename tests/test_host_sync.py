@@ -33,6 +33,10 @@ SYNCING_OPS = {"_local_scalar_dense", "item", "nonzero", "nonzero_numpy", "argwh
                "unique_consecutive", "_unique", "_unique2", "unique_dim", "bincount", "histc",
                "histogram", "equal", "is_nonzero", "allclose", "masked_scatter"}
 HOST_READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
+# aten ops that do no work on the device: allocations, views, and the interpreter's own
+NO_DEVICE_WORK = {"empty", "empty_strided", "new_empty", "view", "_unsafe_view", "slice", "select",
+                  "reshape", "as_strided", "alias", "detach", "t", "transpose", "permute", "expand",
+                  "unsqueeze", "squeeze", "lift_fresh", "set_"}
 
 
 def _syncing(func, args, kwargs) -> str | None:
@@ -56,6 +60,7 @@ class Recorder(TorchDispatchMode):
         super().__init__()
         self.syncs: list[str] = []
         self.launches: list[tuple] = []
+        self.device_ops: list[str] = []  # aten ops that run on the device, outside launches
         self.in_launch = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -64,6 +69,8 @@ class Recorder(TorchDispatchMode):
             why = _syncing(func, args, kwargs)
             if why:
                 self.syncs.append(why)
+            if func.overloadpacket.__name__ not in NO_DEVICE_WORK:
+                self.device_ops.append(func.overloadpacket.__name__)
         return func(*args, **kwargs)
 
 
@@ -182,11 +189,53 @@ def test_dense_matmul_and_embedding_never_sync(m):
     assert len(rec.launches) >= 1
 
 
-def test_an_expert_id_out_of_range_is_caught_on_the_device():
-    """Checked with a device-side assert (no sync); on CPU tensors it raises at once."""
+def test_split_k_products_are_their_kernels_alone(monkeypatch):
+    """Split K finished inside the kernel (split_k.py), on a GPU's 132 SMs: the decode GEMV
+    is x's preparation (which zeroes the split-K workspace) and the GEMV, the fused GEMM a
+    zeroing and the GEMM; the expert GEMV x's preparation (which also checks the ids), an
+    assert on its verdict and the GEMV, the router's ids read as they are. Before: four
+    launches, three, and ten (the ids checked by four torch ops and an assert, made int32,
+    each pair's row of x by two more, the output zeroed and cast)."""
+    monkeypatch.setattr(kernels.dispatch, "_device", lambda device: kernels.configs.Device(0, 0, 132))
+    w = stack("Q4_K", (40, 256 * 4))
+    experts = stack("Q8_0", (4, 64, 64))
+    ids = torch.tensor([[0, -1], [2, 3]])
+    x1, x16, x2 = _x(1, 1024, 3).half(), _x(16, 1024, 3).half(), _x(2, 64, 3).half()
+    products = {
+        "gemv": lambda: w.matmul(x1, backend="triton"),
+        "gemm": lambda: w.matmul(x16, backend="triton"),
+        "expert gemv": lambda: experts.expert_matmul(x2, ids, backend="triton")}
+    for name, product in products.items():
+        product()
+        with recording() as rec:
+            out = product()
+        kernels_run = [launch[0] for launch in rec.launches]
+        splits = [launch[3]["SPLIT_K"] for launch in rec.launches if "SPLIT_K" in launch[3]]
+        assert splits and splits[0] > 1, (name, rec.launches)
+        assert out.dtype == torch.float16
+        if name == "gemv":
+            assert (kernels_run, rec.device_ops) == (["prepare_x_kernel", "gemv_dot_kernel"], [])
+        elif name == "gemm":
+            assert (kernels_run, rec.device_ops) == (["gemm_kernel"], ["zeros"])
+        else:  # the ids checked by x's preparation: one assert on its verdict
+            assert (kernels_run, rec.device_ops) == (["prepare_x_kernel", "moe_gemv_kernel"],
+                                                     ["_assert_async"])
+
+
+@pytest.mark.parametrize("tokens", [2, 64])  # the GEMV a pair (checked by x's preparation), tiles
+@pytest.mark.parametrize("bad", [4, -2])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_an_expert_id_out_of_range_is_caught_on_the_device(tokens, bad, dtype):
+    """Checked with a device-side assert (no sync); on CPU tensors it raises at once. The
+    torch backend checks on the host (it reads the ids there anyway)."""
     w = stack("Q8_0", (4, 8, 32))
-    with pytest.raises(RepackError, match=r"expert ids must be in -1\.\.3"):
-        w.expert_matmul(torch.randn(2, 32), torch.tensor([[0], [4]]), backend="triton")
+    ids = torch.zeros(tokens, 1, dtype=dtype)
+    ids[-1, 0] = bad
+    for backend in ("triton", "torch"):
+        with pytest.raises(RepackError, match=r"expert ids must be in -1\.\.3"):
+            w.expert_matmul(torch.randn(tokens, 32), ids, backend=backend)
+    ids[-1, 0] = -1
+    w.expert_matmul(torch.randn(tokens, 32), ids, backend="triton")
 
 
 def test_every_launch_runs_on_the_tensors_device(monkeypatch):

@@ -141,6 +141,47 @@ def test_matmul_with_split_k_as_on_a_gpu(name, rng, monkeypatch):
         assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, m)
 
 
+def _uninitialized_empty(real_empty):
+    """torch.empty as a GPU may hand memory over: NaN in every float, a non-zero pattern in
+    every integer; what a kernel leaves unwritten shows."""
+    def empty(*size, dtype=None, **kwargs):
+        t = real_empty(*size, dtype=dtype, **kwargs)
+        return t.fill_(float("nan") if t.is_floating_point() else 77)
+    return empty
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q2_K"])  # 32- and 256-weight blocks, int8 x
+def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
+    """Split K finished in the kernel (split_k.py), as on a GPU of 132 SMs, with every
+    torch.empty of the launchers NaN (or 77 for the counters): x's preparation zeroes the
+    workspace, the last program of each tile writes it out in x's dtype, the expert GEMV
+    writes zeros for another rank's expert (-1) itself. The dense GEMV at M = 1 and 3, the
+    fused GEMM at M = 16, the expert GEMV."""
+    qtype = TYPES_BY_NAME[name]
+    n, k = 37, 4 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    gpu = kernels.configs.Device(0, 0, 132)
+    monkeypatch.setattr(kernels.dispatch, "_device", lambda device: gpu)
+    monkeypatch.setattr(torch, "empty", _uninitialized_empty(torch.empty))
+    for m in (1, 3, 16):
+        x = (torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)) / dense.abs().max()).half()
+        got = kernels.matmul(x, planes, name, (n, k))
+        ref = gemv_x(name, x) @ dense.T
+        assert got.dtype == torch.float16 and not got.isnan().any(), (name, m)
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, m)
+    stacked = {f: torch.stack([p, p.flip(1)]) for f, p in planes.items()}  # expert 1: rows reversed
+    ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
+    assert kernels.dispatch.expert_path(name, 3, 2, 2) == "gemv"
+    x = (torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32)) / dense.abs().max()).half()
+    got = kernels.expert_matmul(x, ids, stacked, name, (2, n, k))
+    by_expert = torch.stack([dense, dense.flip(0)])
+    ref = torch.einsum("tk,tjnk->tjn", gemv_x(name, x), by_expert[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+    assert not got.isnan().any()
+    assert torch.equal(got[ids < 0], torch.zeros(2, n, dtype=torch.float16))
+    assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, name
+
+
 @pytest.mark.parametrize("name", KERNEL_TYPES)
 def test_matmul_from_the_threshold_on_dequantizes_then_multiplies(name, rng, monkeypatch):
     """At M >= configs.dequantize_matmul_min_m(block size) the weight is dequantized into x's dtype and
@@ -280,7 +321,7 @@ def test_decode_int8_x_is_gguf_pys_q8_0(block, rng):
     stride = block + block // 8
     xq = torch.empty(m, k // block, stride, dtype=torch.int8)
     xs = torch.empty(m, k // 16)
-    prepare_x_q8_kernel[(m, -(-k // 1024))](x, xq, xs, k, x.stride(0), BLOCK=block,
+    prepare_x_q8_kernel[(m, -(-k // 1024))](x, xq, xs, k, x.stride(0), xs, 0, xs, 0, 0, xs, BLOCK=block,
                                              XSTRIDE=stride, BK=1024)
     q8 = gguf.GGMLQuantizationType.Q8_0
     ref = gguf.quants.quantize(x.numpy(), q8).reshape(m, k // 32, 34)

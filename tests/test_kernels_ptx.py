@@ -37,13 +37,20 @@ def test_every_family_and_type_compiled_for_both_archs(ptx_rows):
 # Read off the SASS (ptxas's own spills, which the PTX does not show), kernels that spill
 # registers to local memory, all of them untouched by the decode-kernel work and known: the
 # GEMM at sm_80 (its rework is the prefill issue's) and the raw-layout baseline for Q5_K. The
-# GEMV (dot kernels, M = 1 and M = 8) never spills.
+# GEMV (dot kernels, M = 1 and M = 8) never spills in its K loop. Outside it, for two types at
+# sm_80 ptxas (Triton 3.9's, --regAllocOptLevel=2) parks a few bytes of the split-K finish's
+# shared-memory addresses (split_k.py) in local memory: stored and loaded once a program,
+# against thousands of loop instructions.
 KNOWN_SPILLS = {("gemm", 80), ("gemv (raw GGUF blocks)", 90)}
+GEMV_EPILOGUE_SPILLS = {("Q4_K", 80), ("IQ2_XXS", 80)}
 
 
 def test_no_local_memory_spills(ptx_rows):
+    gemv = [r for r in ptx_rows if r["family"] in ("gemv", "gemv_m8")]
+    assert gemv and all(not {"LDL", "STL"} & set(r["loop_opcodes"]) for r in gemv)
     spilled = [(r["type"], r["family"], r["arch"]) for r in ptx_rows
-               if r["spills"] and (r["family"], r["arch"]) not in KNOWN_SPILLS]
+               if r["spills"] and (r["family"], r["arch"]) not in KNOWN_SPILLS
+               and not (r in gemv and (r["type"], r["arch"]) in GEMV_EPILOGUE_SPILLS and r["spills"] <= 16)]
     assert spilled == []
     known = {(r["type"], r["family"]) for r in ptx_rows if r["spills"]}
     assert {t for t, f in known if "raw" in f} <= {"Q5_K"}
@@ -203,8 +210,10 @@ def test_int8_x_is_quantized_with_ieee_division():
     code = """
 from gguf_repack_kernels.aot import compile_kernel
 from gguf_repack_kernels.gemv import prepare_x_q8_kernel
-sig = {"X": "*fp16", "XQ": "*i8", "XS": "*fp32", "K": "i32", "stride_xm": "i32"}
-c = compile_kernel(prepare_x_q8_kernel, sig, {"BLOCK": 256, "XSTRIDE": 288, "BK": 1024}, 90)
+sig = {"X": "*fp16", "XQ": "*i8", "XS": "*fp32", "K": "i32", "stride_xm": "i32", "Z": "*fp32", "ZN": "i32",
+       "IDS": "*i64", "NIDS": "i32", "E": "i32", "OK": "*i32"}
+c = compile_kernel(prepare_x_q8_kernel, sig,
+                   {"BLOCK": 256, "XSTRIDE": 288, "BK": 1024, "CHECK_IDS": False}, 90)
 print(c.asm["ptx"])
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -212,6 +221,36 @@ print(c.asm["ptx"])
                          text=True, timeout=600).stdout
     assert "div.rn.f32" in ptx
     assert "div.full" not in ptx and "div.approx" not in ptx
+
+
+@pytest.mark.slow
+def test_the_expert_sort_compiles_for_a_gpu_in_registers():
+    """moe.sort_by_expert_kernel (one launch where the sort took some 40 torch ops): compiled
+    for sm_80 and sm_90, 8 to 256 experts (a histogram of up to 512 bins), no spills, the
+    slots taken by atomic increments of the experts' cursors, a barrier before them."""
+    code = """
+import json, triton
+from gguf_repack_kernels.aot import compile_kernel, resources
+from gguf_repack_kernels.moe import sort_by_expert_kernel
+sig = {"IDS": "*i64", "P": "i32", "E": "i32", "XDIV": "i32", "CURSOR": "*i32", "OK": "*i32",
+       "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "MAX_TILES": "i32"}
+rows = []
+for arch in (80, 90):
+    for experts in (8, 256):
+        pad = triton.next_power_of_2(experts + 1)
+        c = compile_kernel(sort_by_expert_kernel, sig, {"BM": 16, "E_PAD": pad, "BK": 1024}, arch)
+        ptx = c.asm["ptx"]
+        rows.append({**resources(c), "atom": "atom.global.gpu.relaxed.add" in ptx or
+                     "red.global.gpu.relaxed.add" in ptx or "atom.relaxed.gpu.global.add" in ptx,
+                     "bar": "bar.sync" in ptx})
+print(json.dumps(rows))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    rows = json.loads(subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True,
+                                     text=True, timeout=600).stdout)
+    assert len(rows) == 4
+    for row in rows:
+        assert row["spills"] == 0 and row["atom"] and row["bar"], row
 
 
 # the expert products' decode GEMV (gguf_repack_kernels/moe.py) for the types MoE files mostly hold

@@ -55,8 +55,10 @@ class TorchBackend:
     @classmethod
     def expert_matmul(cls, qt, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Pairs grouped by expert, one 2-D product (bounded memory) per expert chosen."""
-        n, k = qt.shape[1:]
+        experts, n, k = qt.shape
         flat_ids = ids.reshape(-1)
+        if flat_ids.numel() and not ((flat_ids >= -1) & (flat_ids < experts)).all():  # (host reads below)
+            raise RepackError(f"expert_matmul: expert ids must be in -1..{experts - 1}")
         rows = x.reshape(-1, k) if x.dim() == 3 else x.repeat_interleave(ids.shape[1], dim=0)
         out = torch.zeros(flat_ids.numel(), n, dtype=x.dtype, device=x.device)
         order = torch.argsort(flat_ids, stable=True)

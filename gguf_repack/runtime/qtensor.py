@@ -96,20 +96,23 @@ class QTensor:
         if len(self.shape) != 3:
             raise RepackError(f"expert_matmul needs a 3-D expert stack, this one is {list(self.shape)}")
         experts, n, k = self.shape
-        ids = expert_ids.to(device=x.device, dtype=torch.long)
+        # int32 or int64 as the router gave them (a conversion would be a launch a product)
+        ids = expert_ids.to(device=x.device)
+        if ids.dtype not in (torch.int32, torch.int64):
+            ids = ids.long()
         if ids.dim() != 2 or x.shape[0] != ids.shape[0] or x.dim() not in (2, 3) \
                 or (x.dim() == 3 and x.shape[1] != ids.shape[1]) or x.shape[-1] != k:
             raise RepackError(f"expert_matmul: x {list(x.shape)} and expert_ids {list(ids.shape)} do "
                               f"not fit a stack of {experts} experts of [{n}, {k}]")
-        if ids.numel():
-            # checked on the device: reading the ids on the host would synchronize, which a
-            # CUDA graph's capture forbids; on a GPU a bad id is a device-side assert
-            try:
-                torch._assert_async(((ids >= -1) & (ids < experts)).all(),
-                                    f"expert_matmul: expert ids must be in -1..{experts - 1}")
-            except RuntimeError as e:  # CPU tensors: raised here
+        # Each backend refuses an id outside -1..E-1 (the message below): the Triton one on
+        # the device, with no host sync (a CUDA graph's capture forbids one), as part of its
+        # launches; on a GPU a bad id is then a device-side assert
+        try:
+            return backends.get(backend, self.device, self.qtype.name).expert_matmul(self, x, ids)
+        except RuntimeError as e:  # CPU tensors: raised at once
+            if str(e).startswith("expert_matmul: expert ids must be in"):
                 raise RepackError(str(e)) from None
-        return backends.get(backend, self.device, self.qtype.name).expert_matmul(self, x, ids)
+            raise
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32,
                   backend: str = "auto") -> torch.Tensor:
