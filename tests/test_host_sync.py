@@ -189,30 +189,38 @@ def test_dense_matmul_and_embedding_never_sync(m):
     assert len(rec.launches) >= 1
 
 
-def test_split_k_products_are_their_kernels_alone(monkeypatch):
+def test_each_product_is_its_kernels_alone(monkeypatch):
     """Split K finished inside the kernel (split_k.py), on a GPU's 132 SMs: the decode GEMV
     is x's preparation (which zeroes the split-K workspace) and the GEMV, the fused GEMM a
     zeroing and the GEMM; the expert GEMV x's preparation (which also checks the ids), an
     assert on its verdict and the GEMV, the router's ids read as they are. Before: four
-    launches, three, and ten (the ids checked by four torch ops and an assert, made int32,
-    each pair's row of x by two more, the output zeroed and cast)."""
+    launches, three, and 13 (the ids checked by four torch ops and an assert, made int32,
+    each pair's row of x by two more, the output zeroed twice and cast). The expert tiles: the
+    sort by expert (with the ids' check), an assert, the output zeroed (the rows of another
+    rank's experts), the tiles; before, 45 (the sort some 40 torch ops)."""
     monkeypatch.setattr(kernels.dispatch, "_device", lambda device: kernels.configs.Device(0, 0, 132))
     w = stack("Q4_K", (40, 256 * 4))
     experts = stack("Q8_0", (4, 64, 64))
     ids = torch.tensor([[0, -1], [2, 3]])
-    x1, x16, x2 = _x(1, 1024, 3).half(), _x(16, 1024, 3).half(), _x(2, 64, 3).half()
+    x1, x16, x2, x64 = (_x(m, k, 3).half() for m, k in ((1, 1024), (16, 1024), (2, 64), (64, 64)))
+    ids64 = torch.randint(0, 4, (64, 2), generator=torch.Generator().manual_seed(0))
     products = {
         "gemv": lambda: w.matmul(x1, backend="triton"),
         "gemm": lambda: w.matmul(x16, backend="triton"),
-        "expert gemv": lambda: experts.expert_matmul(x2, ids, backend="triton")}
+        "expert gemv": lambda: experts.expert_matmul(x2, ids, backend="triton"),
+        "expert tiles": lambda: experts.expert_matmul(x64, ids64, backend="triton")}
     for name, product in products.items():
         product()
         with recording() as rec:
             out = product()
         kernels_run = [launch[0] for launch in rec.launches]
+        assert out.dtype == torch.float16
+        if name == "expert tiles":  # the sort by expert one kernel, with the ids' check
+            assert (kernels_run, rec.device_ops) == (["sort_by_expert_kernel", "moe_gemm_kernel"],
+                                                     ["_assert_async", "zeros"])
+            continue
         splits = [launch[3]["SPLIT_K"] for launch in rec.launches if "SPLIT_K" in launch[3]]
         assert splits and splits[0] > 1, (name, rec.launches)
-        assert out.dtype == torch.float16
         if name == "gemv":
             assert (kernels_run, rec.device_ops) == (["prepare_x_kernel", "gemv_dot_kernel"], [])
         elif name == "gemm":

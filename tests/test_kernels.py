@@ -156,7 +156,8 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
     torch.empty of the launchers NaN (or 77 for the counters): x's preparation zeroes the
     workspace, the last program of each tile writes it out in x's dtype, the expert GEMV
     writes zeros for another rank's expert (-1) itself. The dense GEMV at M = 1 and 3, the
-    fused GEMM at M = 16, the expert GEMV."""
+    fused GEMM at M = 16, the expert GEMV and the expert tiles (their sort's slots, -1 for
+    padding, and each tile's expert: all from the sort kernel)."""
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 4 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -171,15 +172,18 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
         assert got.dtype == torch.float16 and not got.isnan().any(), (name, m)
         assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, m)
     stacked = {f: torch.stack([p, p.flip(1)]) for f, p in planes.items()}  # expert 1: rows reversed
-    ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
-    assert kernels.dispatch.expert_path(name, 3, 2, 2) == "gemv"
-    x = (torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32)) / dense.abs().max()).half()
-    got = kernels.expert_matmul(x, ids, stacked, name, (2, n, k))
     by_expert = torch.stack([dense, dense.flip(0)])
-    ref = torch.einsum("tk,tjnk->tjn", gemv_x(name, x), by_expert[ids.clamp(min=0)]) * (ids >= 0)[..., None]
-    assert not got.isnan().any()
-    assert torch.equal(got[ids < 0], torch.zeros(2, n, dtype=torch.float16))
-    assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, name
+    ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
+    x = (torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32)) / dense.abs().max()).half()
+    for path in ("gemv", "tiles"):  # the tiles' slots and experts, from the sort kernel
+        monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 8 if path == "gemv" else 0)
+        assert kernels.dispatch.expert_path(name, 3, 2, 2) == path
+        got = kernels.expert_matmul(x, ids, stacked, name, (2, n, k))
+        rows = gemv_x(name, x) if path == "gemv" else x.float()
+        ref = torch.einsum("tk,tjnk->tjn", rows, by_expert[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+        assert not got.isnan().any(), path
+        assert torch.equal(got[ids < 0], torch.zeros(2, n, dtype=torch.float16)), path
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, path)
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)
