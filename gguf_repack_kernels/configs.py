@@ -139,6 +139,15 @@ GEMM_CANDIDATES = {
     16: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64, 128) for st in (2, 3)],
     32: [{"BN": bn, "num_warps": 4, "num_stages": st} for bn in (32, 64) for st in (2, 3)],
     64: [{"BN": bn, "num_warps": w, "num_stages": 2} for bn in (32, 64, 128) for w in (4, 8)]}
+# and, at the default BN, K split until 4 or 8 programs an SM (the rule's 2 is the default) and
+# 4 pipeline stages: at M = 2-16 the H200 took about a microsecond for each K iteration of a
+# program (Q4_0's BM = 16 tile, 16 iterations at 2 programs an SM and 2 stages: 15.8-17.7 us;
+# Q8_0's BM = 32 tile: 24-26 us), as if each iteration waited a memory latency with one
+# iteration's planes in flight; more programs an SM and more stages put more in flight, for
+# more float32 atomics and shared memory (BENCHMARKS.md "Launches a product")
+# (three a tile: stages alone, programs alone, both; the tuner's time on a GPU is short)
+for _bm in (16, 32, 64):
+    GEMM_CANDIDATES[_bm] += [{"PROGRAMS_PER_SM": p, "num_stages": st} for p, st in ((2, 4), (4, 2), (8, 4))]
 
 
 # Three paths for x @ W.T, by M (dispatch.matmul_path): the GEMV family (split-K, no tensor
@@ -514,7 +523,8 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     a wider tile halves the overhead per weight (BN = 64, or 128 for blocks under 256
     weights, whose tiles are small) and split K restores the programs it takes away: K is
     split (in a power of two that divides the block columns) up to 2 programs an SM, not
-    beyond: each split adds M x N float32 atomics. From BM = 32 on the swapped tile (swap_ab)
+    beyond: each split adds M x N float32 atomics (a tile's PROGRAMS_PER_SM says another
+    count: the tuner's candidates). From BM = 32 on the swapped tile (swap_ab)
     is BN = 64, or 128 (gemm_bn; at BM = 128 and 256-weight blocks, over two warpgroups).
     `tile` (BN, num_warps, num_stages) replaces the default as given (the tuner's
     candidates); else the tuned one (tuned_configs.json) where it fits; the result is fitted
@@ -535,9 +545,11 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     else:
         cfg = fit_shared_memory(type_name, block_size, {"BM": bm, **_tuned_tile(
             f"gemm_bm{bm}", type_name, block_size, bm, default, device, dtype)}, device, dtype)
+    programs_per_sm = cfg.get("PROGRAMS_PER_SM", 2)
+    cfg = {k: v for k, v in cfg.items() if k != "PROGRAMS_PER_SM"}
     tiles = -(-m // bm) * -(-n // cfg["BN"])
     split_k = 1
-    while tiles * split_k * 2 <= 2 * device.sms and n_blocks % (2 * split_k) == 0:
+    while tiles * split_k * 2 <= programs_per_sm * device.sms and n_blocks % (2 * split_k) == 0:
         split_k *= 2
     return {**cfg, "SPLIT_K": split_k}
 

@@ -289,6 +289,35 @@ def test_the_gemv_tiles_with_more_programs_an_sm_split_k_further(name, rng):
         assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, tile
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+def test_the_gemm_tiles_with_more_programs_an_sm_split_k_further(name, rng):
+    """The tuner's fused-GEMM candidates with PROGRAMS_PER_SM (configs.GEMM_CANDIDATES) split
+    K until that many programs an SM at 4096 x 4096 on an H200 (where the block columns
+    allow), 4 pipeline stages where they say; and they give the product."""
+    from gguf_repack_kernels import configs
+
+    qtype = TYPES_BY_NAME[name]
+    h200, blocks = configs.KNOWN_DEVICES[90], 4096 // qtype.block_size
+    n, k = 11, 4 * qtype.block_size
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    x = (torch.from_numpy(rng.standard_normal((16, k)).astype(np.float32)) / dense.abs().max()).half()
+    ref = x.float() @ dense.T
+    for bm in (16, 32, 64):
+        tiles = [t for t in configs.GEMM_CANDIDATES[bm] if "PROGRAMS_PER_SM" in t]
+        assert {(t["PROGRAMS_PER_SM"], t["num_stages"]) for t in tiles} == {(2, 4), (4, 2), (8, 4)}
+        default = configs.gemm_config(name, qtype.block_size, bm, 4096, blocks, h200, torch.float16, bm=bm)
+        for tile in tiles:
+            cfg = configs.gemm_config(name, qtype.block_size, bm, 4096, blocks, h200, torch.float16,
+                                      tile, bm=bm)
+            assert "PROGRAMS_PER_SM" not in cfg and cfg["num_stages"] == tile["num_stages"]
+            assert cfg["BN"] == default["BN"]
+            more = tile["PROGRAMS_PER_SM"] // 2  # the split, doubled as far as the block columns go
+            assert cfg["SPLIT_K"] == min(default["SPLIT_K"] * more, blocks), (bm, tile, cfg, default)
+            got = kernels.matmul(x, planes, name, (n, k), tile={**tile, "BM": bm})
+            assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (bm, tile)
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "IQ4_NL"])
 def test_the_pipelined_gemv_tiles_give_the_product(name, rng):
     """The tuner's GEMV candidates with STAGES (gemv.gemv_dot_row's K loop as a counted range
