@@ -156,7 +156,8 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
     torch.empty of the launchers NaN (or 77 for the counters): x's preparation zeroes the
     workspace, the last program of each tile writes it out in x's dtype, the expert GEMV
     writes zeros for another rank's expert (-1) itself. The dense GEMV at M = 1 and 3, the
-    fused GEMM at M = 16, the expert GEMV and the expert tiles (their sort's slots, -1 for
+    fused GEMM at M = 16 (BM = 16, and the swapped BM = 32 and 64), the expert GEMV and the
+    expert tiles (their sort's slots, -1 for
     padding, and each tile's expert: all from the sort kernel)."""
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 4 * qtype.block_size
@@ -165,12 +166,17 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
     gpu = kernels.configs.Device(0, 0, 132)
     monkeypatch.setattr(kernels.dispatch, "_device", lambda device: gpu)
     monkeypatch.setattr(torch, "empty", _uninitialized_empty(torch.empty))
-    for m in (1, 3, 16):
+    for m, tile in ((1, None), (3, None), (16, None), (16, {"BM": 32}), (16, {"BM": 64})):
         x = (torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)) / dense.abs().max()).half()
-        got = kernels.matmul(x, planes, name, (n, k))
-        ref = gemv_x(name, x) @ dense.T
-        assert got.dtype == torch.float16 and not got.isnan().any(), (name, m)
-        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, m)
+        got = kernels.matmul(x, planes, name, (n, k), tile=tile)
+        ref = gemv_x(name, x) if m < 16 else x.float()
+        ref = ref @ dense.T
+        assert got.dtype == torch.float16 and not got.isnan().any(), (name, m, tile)
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, m, tile)
+        if tile is not None:  # the swapped tiles (the weight as the MMA's A), split too
+            assert kernels.configs.swap_ab(name, tile["BM"], torch.float16)
+            assert kernels.configs.gemm_config(name, qtype.block_size, m, n, 4, gpu, torch.float16,
+                                               tile)["SPLIT_K"] > 1
     stacked = {f: torch.stack([p, p.flip(1)]) for f, p in planes.items()}  # expert 1: rows reversed
     by_expert = torch.stack([dense, dense.flip(0)])
     ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
