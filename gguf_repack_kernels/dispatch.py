@@ -30,6 +30,12 @@ def _format(type_name: str) -> Format:
         raise NotImplementedError(f"no Triton kernel for {type_name} yet") from None
 
 
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the grids: triton.cdiv is a ConstexprFunction, 1.4 us a call from Python
+    (three a product: an eager caller pays the host's time once a launch)."""
+    return -(-a // b)
+
+
 def _launch_device(device: torch.device):
     """Triton launches on the current CUDA device and its current stream, not on the
     tensors': every launch runs under this, so that a model on cuda:1, or spread over GPUs
@@ -85,7 +91,7 @@ def dequantize(planes: dict[str, torch.Tensor], type_name: str, shape,
     cfg = configs.dequantize_config(fmt.block_size)
     with _launch_device(device):
         for e, expert in enumerate(_per_expert(planes, n_lead)):
-            grid = (triton.cdiv(n, cfg["BN"]), b)
+            grid = (_cdiv(n, cfg["BN"]), b)
             dequantize_kernel[grid](*_plane_args(expert, fmt), out[e], n, b, BLOCK=fmt.block_size,
                                     BN=cfg["BN"], DQ=fmt.dequant, num_warps=cfg["num_warps"],
                                     enable_fp_fusion=False)
@@ -100,7 +106,7 @@ def embedding(ids: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str
     out = torch.empty(flat.numel(), k, dtype=dtype, device=flat.device)
     cfg = configs.embedding_config(fmt.block_size)
     if flat.numel():
-        grid = (triton.cdiv(flat.numel(), cfg["BI"]), b)
+        grid = (_cdiv(flat.numel(), cfg["BI"]), b)
         with _launch_device(flat.device):
             gather_rows_kernel[grid](*_plane_args(planes, fmt), flat, out, n, b, flat.numel(),
                                      BLOCK=fmt.block_size, BI=cfg["BI"], DQ=fmt.dequant,
@@ -174,7 +180,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         cfg = _deterministic(_gemv_config(type_name, m, n, b, x.device, x.dtype, tile))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
+        grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
         sums, counts, zero = _split_k_workspace(m, n, m * grid[0], cfg["SPLIT_K"], out, zeroed=False)
         xf, xs = _prepared_x(x2, fmt, zero)
         gemv_dot_kernel[grid](*args, xf, xs, out, sums, counts, n, b, out.stride(0),
@@ -185,7 +191,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b, _device(x.device),
                                                  x.dtype, tile))
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
+        grid = (_cdiv(m, cfg["BM"]), _cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
         sums, counts, _ = _split_k_workspace(m, n, grid[0] * grid[1], cfg["SPLIT_K"], out, zeroed=True)
         gemm_kernel[grid](*args, x2, out, sums, counts, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
@@ -240,12 +246,12 @@ def _prepared_x(x2: torch.Tensor, fmt: Format, zero: torch.Tensor | None,
     check = {"CHECK_IDS": expert_ids is not None}
     if fmt.x_int8:
         xf = torch.empty(m, b * fmt.x_stride, device=x2.device, dtype=torch.int8)
-        prepare_x_q8_kernel[(m, triton.cdiv(k, 1024))](
+        prepare_x_q8_kernel[(m, _cdiv(k, 1024))](
             x2, xf, xs, k, x2.stride(0), z, zn, ids, n_ids, n_experts, ok, BLOCK=fmt.block_size,
             XSTRIDE=fmt.x_stride, BK=1024, **check)
     else:
         xf = torch.empty(m, k, device=x2.device, dtype=torch.float32)
-        prepare_x_kernel[(m, triton.cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), z, zn, ids, n_ids,
+        prepare_x_kernel[(m, _cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), z, zn, ids, n_ids,
                                                     n_experts, ok, BK=1024, **check)
     if expert_ids is not None:
         _assert_ids(ok, n_experts)
@@ -320,7 +326,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     if path == "gemv":  # a few rows an expert: a GEMV a pair
         cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype))
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
-        grid = (triton.cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
+        grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
         sums, counts, zero = _split_k_workspace(pairs, n, pairs * grid[0], cfg["SPLIT_K"], out,
                                                 zeroed=False)
         flat_ids = ids.reshape(-1).contiguous()
@@ -334,7 +340,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
                              _device(x.device), x.dtype)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     out = torch.zeros(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows stay zero
-    grid = (tile_expert.numel(), triton.cdiv(n, cfg["BN"]))
+    grid = (tile_expert.numel(), _cdiv(n, cfg["BN"]))
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
