@@ -99,3 +99,15 @@ def test_bench_moe_runs_on_a_small_moe(smollm2):
                           check=True, capture_output=True, text=True, timeout=600)
     assert "| `load_model(out)` |" in proc.stdout
     assert "(same 4 greedy tokens)" in proc.stdout
+
+
+def test_bench_host_times_each_product_with_its_launches_stubbed():
+    """scripts/bench_host.py: the dispatcher's own host time, a row for each product it
+    times (dense at M = 1 and 16, experts at 4 and 256 tokens), every path named."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_host.py"), "--types", "Q8_0",
+                          "--calls", "3"], check=True, capture_output=True, text=True, timeout=300).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| Q8_0 |")]
+    assert [r.split(" | ")[1] for r in rows] == [
+        "matmul, M = 1 (gemv)", "matmul, M = 16 (gemm)", "expert_matmul, 4 tokens x 2 of 8 experts (gemv)",
+        "expert_matmul, 256 tokens x 2 of 8 experts (tiles)"]
+    assert all(float(r.split(" | ")[2].rstrip(" |")) > 0 for r in rows)
