@@ -252,7 +252,7 @@ def _prepared_x(x2: torch.Tensor, fmt: Format, zero: torch.Tensor | None,
     else:
         xf = torch.empty(m, k, device=x2.device, dtype=torch.float32)
         prepare_x_kernel[(m, _cdiv(k, 1024))](x2, xf, xs, k, x2.stride(0), z, zn, ids, n_ids,
-                                                    n_experts, ok, BK=1024, **check)
+                                              n_experts, ok, BK=1024, **check)
     if expert_ids is not None:
         _assert_ids(ok, n_experts)
     return xf, xs

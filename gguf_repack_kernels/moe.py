@@ -66,9 +66,9 @@ def sort_by_expert_kernel(IDS, P, E, XDIV, CURSOR, OK, X_ROWS, OUT_ROWS, TILE_EX
     bad = 0
     for start in range(0, P, BK):
         at = start + tl.arange(0, BK)
-        e = tl.load(IDS + at, mask=at < P, other=-1).to(tl.int32)
+        e = tl.load(IDS + at, mask=at < P, other=-1)  # (int64 ids checked before narrowing)
         bad += tl.sum(((e < -1) | (e >= E)).to(tl.int32))
-        key = tl.where((e >= 0) & (e < E), e, E)
+        key = tl.where((e >= 0) & (e < E), e, E).to(tl.int32)
         counts += tl.histogram(key, E_PAD).to(tl.int32)
     tl.store(OK, (bad == 0).to(tl.int32))
     tiles = tl.where(experts < E, (counts + BM - 1) // BM, 0)
@@ -89,9 +89,9 @@ def sort_by_expert_kernel(IDS, P, E, XDIV, CURSOR, OK, X_ROWS, OUT_ROWS, TILE_EX
     # 4. each pair with an expert of this rank takes the next slot of its expert's
     for start in range(0, P, BK):
         at = start + tl.arange(0, BK)
-        e = tl.load(IDS + at, mask=at < P, other=-1).to(tl.int32)
+        e = tl.load(IDS + at, mask=at < P, other=-1)
         placed = (at < P) & (e >= 0) & (e < E)
-        slot = tl.atomic_add(CURSOR + tl.where(placed, e, 0), 1, mask=placed, sem="relaxed")
+        slot = tl.atomic_add(CURSOR + tl.where(placed, e, 0).to(tl.int32), 1, mask=placed, sem="relaxed")
         tl.store(X_ROWS + slot, at // XDIV, mask=placed)
         tl.store(OUT_ROWS + slot, at, mask=placed)
 

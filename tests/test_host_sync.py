@@ -231,11 +231,12 @@ def test_each_product_is_its_kernels_alone(monkeypatch):
 
 
 @pytest.mark.parametrize("tokens", [2, 64])  # the GEMV a pair (checked by x's preparation), tiles
-@pytest.mark.parametrize("bad", [4, -2])
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("bad, dtype", [(4, torch.int32), (-2, torch.int32), (4, torch.int64),
+                                        (-2, torch.int64), (2 ** 32 + 1, torch.int64)])
 def test_an_expert_id_out_of_range_is_caught_on_the_device(tokens, bad, dtype):
     """Checked with a device-side assert (no sync); on CPU tensors it raises at once. The
-    torch backend checks on the host (it reads the ids there anyway)."""
+    torch backend checks on the host (it reads the ids there anyway). An int64 id is checked
+    whole (2 ** 32 + 1 is not 1)."""
     w = stack("Q8_0", (4, 8, 32))
     ids = torch.zeros(tokens, 1, dtype=dtype)
     ids[-1, 0] = bad
