@@ -17,6 +17,9 @@ weights do, not from the cache. Writes bench_gpu.json and bench_gpu.md into --ou
 weight (a run stopped early keeps what it measured).
 
 Types Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every shape; every other type at 4096 x 4096.
+First, for those six types, the expert products of a 128-expert stack (EXPERT_STACK) at 1 to
+256 tokens of 8 experts each: the bytes of the experts touched over the time, against the
+copy bandwidth (issue #31's MoE measure), and what each product launches.
 """
 
 from __future__ import annotations
@@ -198,6 +201,63 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
     return rows
 
 
+# The expert products (gguf_repack_kernels.expert_matmul) of a stack shaped as Qwen3-30B-A3B's
+# gate (or up) projections: 128 experts of 768 x 2048, 8 a token; at decode (a GEMV a pair)
+# and past it (the tiles). Issue #31's measure: the bytes of the experts the tokens touched,
+# over the time, against the device's copy bandwidth.
+EXPERT_STACK = (128, 768, 2048)
+EXPERT_TOP = 8
+EXPERT_TOKENS = [1, 8, 64, 256]
+
+
+def bench_experts(name, device, timer, copy_bw, rng, smoke: bool) -> list[dict]:
+    qtype = TYPES_BY_NAME[name]
+    shape = (4, 32, qtype.block_size) if smoke else EXPERT_STACK  # (smoke: the interpreter)
+    experts, n, k = shape
+    top = 2 if smoke else EXPERT_TOP
+    blocks = random_blocks(qtype.id, shape, rng)
+    per_expert = blocks.nbytes // experts
+    stacks = rotation(lambda: {f: torch.from_numpy(v).to(device) for f, v in pack(blocks, qtype).items()},
+                      blocks.nbytes, device)
+    rows = []
+    for tokens in ([1] if smoke else EXPERT_TOKENS):
+        # each token's experts distinct, uniformly random (vLLM's top-k gives int32 ids)
+        ids = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(t))[:top]
+                           for t in range(tokens)]).to(torch.int32).to(device)
+        x = torch.randn(tokens, k, dtype=torch.float16, device=device)
+        touched = int(ids.unique().numel()) * per_expert
+        t = {"rp1": timer(lambda: kernels.expert_matmul(x, ids, next(stacks), name, shape)),
+             "rp1 eager": timer.eager(lambda: kernels.expert_matmul(x, ids, next(stacks), name, shape))}
+        breakdown = kernel_breakdown(lambda: kernels.expert_matmul(x, ids, next(stacks), name, shape), device)
+        row = {"type": name, "experts": shape, "top": top, "tokens": tokens,
+               "path": kernels.dispatch.expert_path(name, tokens, top, experts), "seconds": t,
+               "touched_bytes": touched, "GB/s": touched / t["rp1"] / 1e9,
+               "copy_fraction": touched / t["rp1"] / copy_bw}
+        if breakdown is not None:
+            row["rp1_kernels_us"] = breakdown
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def experts_markdown(rows: list[dict]) -> str:
+    lines = ["", "", f"Expert products, a stack of {rows[0]['experts'][0]} experts of "
+             f"{rows[0]['experts'][1]} x {rows[0]['experts'][2]}, {rows[0]['top']} a token, random "
+             "distinct experts per token: the bytes of the experts touched over the time (graph "
+             "replays), against the device's copy bandwidth", "",
+             "| type | tokens | path | rp1 | touched MB | GB/s (of copy) | rp1 eager "
+             "| launches (device us) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        kernels_us = r.get("rp1_kernels_us")
+        launched = (", ".join(f"{k} {v}" for k, v in kernels_us.items()) if isinstance(kernels_us, dict)
+                    else kernels_us or "-")
+        lines.append(f"| {r['type']} | {r['tokens']} | {r['path']} | {r['seconds']['rp1'] * 1e6:.1f} us | "
+                     f"{r['touched_bytes'] / 1e6:.1f} | {r['GB/s']:.0f} ({100 * r['copy_fraction']:.0f}%) | "
+                     f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | {launched} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
     lines = [f"Device: {device_name}; device-to-device copy: {copy_bw / 1e9:.0f} GB/s. Times per "
              "call replayed from a CUDA graph; eager: back-to-back calls, Python and launch "
@@ -241,16 +301,27 @@ def main(args: argparse.Namespace) -> None:
         if args.short:
             plan = [(t, *SHAPES[0], BATCHES) for t in types]
         copy_bytes, device_name = 1 << 30, torch.cuda.get_device_name(device)
-    timer = Timer(device, runs)
+    timer = Timer(device, runs, calls=2 if args.smoke else 24)  # (smoke: the eager calls interpreted)
     copy_bw = copy_bandwidth(device, timer, copy_bytes)
-    rows = []
+    rows, expert_rows = [], []
     args.out.mkdir(parents=True, exist_ok=True)
+
+    def write() -> str:
+        (args.out / "bench_gpu.json").write_text(json.dumps(
+            {"device": device_name, "copy_GB/s": copy_bw / 1e9, "rows": rows, "expert_rows": expert_rows},
+            indent=1))
+        table = markdown(rows, copy_bw, device_name) + (experts_markdown(expert_rows) if expert_rows else "")
+        (args.out / "bench_gpu.md").write_text(table + "\n")
+        return table
+
+    # the expert products first (one weight a type, #31's MoE measure), then the dense sweep
+    for name in dict.fromkeys(t for t, *_ in plan):
+        if name in FULL_TYPES or args.smoke:
+            expert_rows += bench_experts(name, device, timer, copy_bw, rng, args.smoke)
+            table = write()
     for name, n, k, batches in plan:
         rows += bench_weight(name, n, k, batches, device, timer, copy_bw, rng)
-        (args.out / "bench_gpu.json").write_text(json.dumps(
-            {"device": device_name, "copy_GB/s": copy_bw / 1e9, "rows": rows}, indent=1))
-        table = markdown(rows, copy_bw, device_name)
-        (args.out / "bench_gpu.md").write_text(table + "\n")
+        table = write()
     print(table)
 
 

@@ -21,7 +21,7 @@ def test_gpu_check_smoke(tmp_path):
     expert products included: a GEMV a pair and one-expert tiles), the small llama's and the
     small Qwen3-MoE's greedy tokens match; the CUDA-graph part's steps (without a graph on
     CPU) for Q4_K. Its bench part is scripts/bench_gpu.py's smoke run, checked here: every
-    type's row timed, the raw-layout baseline beside it."""
+    type's row timed, the raw-layout baseline beside it, the expert products' rows."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--types",
                     "Q4_K", "--out", str(tmp_path)], check=True, capture_output=True,
                    timeout=900)
@@ -35,6 +35,11 @@ def test_gpu_check_smoke(tmp_path):
     assert {r["type"] for r in bench["rows"]} == {"Q4_0", "Q4_K"}
     assert all(r["seconds"]["rp1"] > 0 for r in bench["rows"])
     assert any(r["vs_raw"] for r in bench["rows"])  # the raw-layout baseline ran
+    # the expert products' rows (#31's MoE measure: touched experts' bytes against the copy)
+    assert [(r["type"], r["tokens"], r["path"]) for r in bench["expert_rows"]] == [
+        ("Q4_0", 1, "gemv"), ("Q4_K", 1, "gemv")]
+    assert all(r["seconds"]["rp1"] > 0 and r["touched_bytes"] > 0 for r in bench["expert_rows"])
+    assert "Expert products" in (tmp_path / "bench" / "bench_gpu.md").read_text()
     assert "| Q4_K |" in (tmp_path / "bench" / "bench_gpu.md").read_text()
     assert report["tune"]["returncode"] == 0, report["tune"]
     assert (tmp_path / "tune" / "tuned_configs.md").is_file()
