@@ -127,16 +127,18 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
         return gemm_kernel, common, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             **gemm_dequant(fmt, act == "fp16"), "SPLIT_K": cfg["SPLIT_K"],
-            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act)}, cfg, cfg["BN"]
+            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act), "STEP_BLOCKS": cfg["STEP_BLOCKS"]}, \
+            cfg, cfg["BN"] * cfg["STEP_BLOCKS"]
     if family in ("moe_m16", "moe_m32", "moe_m64"):
-        cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act)
+        cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act, k // block_size)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
                "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "OUT": f"*{act}",
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
         return moe_gemm_kernel, sig, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             **gemm_dequant(fmt, act == "fp16"),
-            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act)}, cfg, cfg["BN"]
+            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act), "STEP_BLOCKS": cfg["STEP_BLOCKS"]}, \
+            cfg, cfg["BN"] * cfg["STEP_BLOCKS"]
     raise ValueError(family)
 
 
@@ -398,7 +400,7 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
       is a constexpr of the loop, else any of that BM's, whose loops differ by an instruction
       or so: sass_summary + gemm_summary + "config" of its compile): at
       each tile BM, its config at that M (configs.gemm_config with that BM on the sm_90
-      record: BN, split K), ceil(M/BM) x ceil(N/BN) x SPLIT_K programs of K/BLOCK/SPLIT_K
+      record: BN, split K), ceil(M/BM) x ceil(N/BN) x SPLIT_K programs of K/BLOCK/STEP_BLOCKS/SPLIT_K
       iterations; time = max(issue, tensor (the same programs x iterations x the loop's MMA
       FLOPs / the per-SM peak: HGMMA at the dense fp16 peak, HMMA at half), the quantized
       weight's bytes once / bandwidth);
@@ -444,9 +446,10 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
         g = gemm_rows.get((bm, cfg["SPLIT_K"])) or gemm_rows.get(bm) or next(
             row for key, row in gemm_rows.items() if isinstance(key, tuple) and key[0] == bm)
         assert (g["bm"], g["bn"]) == (cfg["BM"], cfg["BN"]), (g["tile"], cfg)
+        assert g.get("config", cfg).get("STEP_BLOCKS", 1) == cfg["STEP_BLOCKS"], (g["config"], cfg)
         split_k = cfg["SPLIT_K"]
         programs = -(-m // bm) * -(-n // cfg["BN"]) * split_k
-        iterations = -(-n_blocks // split_k)
+        iterations = -(-n_blocks // (split_k * cfg["STEP_BLOCKS"]))  # a loop step: STEP_BLOCKS
         issue = _issue_seconds(programs, iterations, g["loop_instructions"], cfg["num_warps"])
         busiest = -(-programs // SMS)
         tensor = busiest * iterations * g["mma_flops_per_iteration"] / (

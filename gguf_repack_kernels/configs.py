@@ -100,7 +100,7 @@ def tuned(device: Device, dtype) -> dict:
     """{tile kind: {type: tile}} from the tuner's file for this device's capability and this
     activation dtype ("tiles" keyed "sm90/fp16", ...), {} without one. Tile kinds: "gemv"
     (ROWS, PARTS, num_warps) and "gemm_bm16", "gemm_bm32", "gemm_bm64" (BN, num_warps,
-    num_stages)."""
+    num_stages, STEP_BLOCKS)."""
     return _tiles(TUNED_CONFIGS).get(tuned_key(device, dtype), {})
 
 
@@ -148,6 +148,10 @@ GEMM_CANDIDATES = {
 # (three a tile: stages alone, programs alone, both; the tuner's time on a GPU is short)
 for _bm in (16, 32, 64):
     GEMM_CANDIDATES[_bm] += [{"PROGRAMS_PER_SM": p, "num_stages": st} for p, st in ((2, 4), (4, 2), (8, 4))]
+# and a K step of one block (the tiles before GEMM_STEP_WEIGHTS) and of eight, for the types
+# whose blocks are under 128 weights only (scripts/tune_kernels.py offers these to no other)
+for _bm in (16, 32, 64):
+    GEMM_CANDIDATES[_bm] += [{"STEP_BLOCKS": step} for step in (1, 8)]
 
 
 # Three paths for x @ W.T, by M (dispatch.matmul_path): the GEMV family (split-K, no tensor
@@ -220,7 +224,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'NVFP4': (
-        (2, 'gemv'),
+        (1, 'gemv'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
@@ -245,8 +249,6 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (128, 'gemm_bm128'),
-        (192, 'dequantize+matmul'),
         (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
@@ -255,8 +257,6 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (128, 'gemm_bm128'),
-        (192, 'dequantize+matmul'),
         (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
@@ -270,16 +270,18 @@ MATMUL_RULE: dict[str, tuple] = {
     ),
     'Q5_0': (
         (1, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (128, 'gemm_bm128'),
+        (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q5_1': (
         (1, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (128, 'gemm_bm128'),
+        (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q5_K': (
@@ -299,6 +301,7 @@ MATMUL_RULE: dict[str, tuple] = {
     ),
     'Q8_0': (
         (1, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (256, 'gemm_bm128'),
@@ -462,9 +465,10 @@ SHARED_ROW_BYTES = {
 
 
 def shared_memory_estimate(type_name: str, block_size: int, bm: int, bn: int, num_stages: int,
-                           capability: int, dtype) -> int:
+                           capability: int, dtype, step_blocks: int = 1) -> int:
     """Bytes of shared memory Triton allocates for a gemm_kernel / moe_gemm_kernel tile, from
-    its shape (the model above): never less than a compile measures."""
+    its shape (the model above, for a K step of `step_blocks` blocks: each block's tiles and
+    planes its own): never less than a compile measures."""
     act = act_name(dtype)
     size = 4 if act == "fp32" else 2
     # x in num_stages buffers where the MMA reads it from shared memory as it is (wgmma's
@@ -472,17 +476,19 @@ def shared_memory_estimate(type_name: str, block_size: int, bm: int, bn: int, nu
     swapped = swap_ab(type_name, bm, dtype)
     x_buffers = (num_stages if (capability == 90 and act != "fp32") or swapped
                  else max(1, num_stages - 1))
-    pipeline = (size * block_size * (x_buffers * bm + bn)
-                + (num_stages - 1) * bn * SHARED_ROW_BYTES.get(type_name, 512))
+    pipeline = step_blocks * (size * block_size * (x_buffers * bm + bn)
+                              + (num_stages - 1) * bn * SHARED_ROW_BYTES.get(type_name, 512))
     # a swapped tile's float32 accumulator is transposed through shared memory at the end
     # (IQ4_NL's BM = 128 tile at sm_80: 32,768 bytes, more than its pipeline's)
     return max(pipeline, 4 * bm * bn) if swapped else pipeline
 
 
 def fit_shared_memory(type_name: str, block_size: int, cfg: dict, device: Device, dtype) -> dict:
-    """`cfg` (BM, BN, num_stages ...) if its estimate fits the device's shared memory, else the
-    nearest that does: fewer pipeline stages at the same BN first, then BN halved (down to
-    16, the dot's least), each BN from the stages asked for down. Stages before BN: x's
+    """`cfg` (BM, BN, num_stages, STEP_BLOCKS ...) if its estimate fits the device's shared
+    memory, else the nearest that does: a K step of fewer blocks first (down to one: the
+    step only amortizes the loop's own instructions), then fewer pipeline stages at the same
+    BN, then BN halved (down to 16, the dot's least), each BN from the stages asked for
+    down. Stages before BN: x's
     tile is the bulk of the bytes (float32 x at BM = 64: 64 KB an iteration, against 4.6 KB
     of Q4_K weights at BN = 32), and each halving of BN doubles how often it is read per
     weight; at 1 stage no loads are kept in shared memory (float32 Q4_K at BM = 64: 96 KB,
@@ -490,11 +496,20 @@ def fit_shared_memory(type_name: str, block_size: int, cfg: dict, device: Device
     The interpreter has no limit; a tile within the limit is kept exactly."""
     if not device.shared_memory:
         return cfg
+
+    def fits(bn, stages, step):
+        return shared_memory_estimate(type_name, block_size, cfg["BM"], bn, stages, device.capability,
+                                      dtype, step) <= device.shared_memory
+
+    step = cfg.get("STEP_BLOCKS", 1)
+    while step > 1 and not fits(cfg["BN"], cfg["num_stages"], step):
+        step //= 2
+    if "STEP_BLOCKS" in cfg:
+        cfg = {**cfg, "STEP_BLOCKS": step}
     bn = cfg["BN"]
     while bn >= 16:
         for stages in range(cfg["num_stages"], 0, -1):
-            if shared_memory_estimate(type_name, block_size, cfg["BM"], bn, stages,
-                                      device.capability, dtype) <= device.shared_memory:
+            if fits(bn, stages, step):
                 return {**cfg, "BN": bn, "num_stages": stages}
         bn //= 2
     return cfg  # nothing smaller fits either: Triton will say so at launch
@@ -507,7 +522,7 @@ def _tuned_tile(kind: str, type_name: str, block_size: int, bm: int, default: di
     tile = {**default, **tuned(device, dtype).get(kind, {}).get(type_name, {})}
     if tile == default or not device.shared_memory or shared_memory_estimate(
             type_name, block_size, bm, tile["BN"], tile["num_stages"], device.capability,
-            dtype) <= device.shared_memory:
+            dtype, tile.get("STEP_BLOCKS", 1)) <= device.shared_memory:
         return tile
     return default
 
@@ -526,7 +541,8 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     beyond: each split adds M x N float32 atomics (a tile's PROGRAMS_PER_SM says another
     count: the tuner's candidates). From BM = 32 on the swapped tile (swap_ab)
     is BN = 64, or 128 (gemm_bn; at BM = 128 and 256-weight blocks, over two warpgroups).
-    `tile` (BN, num_warps, num_stages) replaces the default as given (the tuner's
+    A K step takes gemm_step_blocks block columns. `tile` (BN, num_warps, num_stages,
+    STEP_BLOCKS) replaces the default as given (the tuner's
     candidates); else the tuned one (tuned_configs.json) where it fits; the result is fitted
     to the device's shared memory (fit_shared_memory: float32 x's BM = 64 tile of 256-weight
     blocks does not fit the 99 KB of sm_86/89/120). The tile's BM (16, 32, 64 or 128): `bm`, or
@@ -539,7 +555,8 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     if bm == 128 and not swap_ab(type_name, bm, dtype):
         bm = 64  # BM = 128 is a swapped tile only (swap_ab): float32 x takes BM = 64 there
     bn = gemm_bn(type_name, block_size, bm, dtype)
-    default = {"BN": bn, "num_warps": 8 if bm == 128 and bn == 128 else 4, "num_stages": 2}
+    default = {"BN": bn, "num_warps": 8 if bm == 128 and bn == 128 else 4, "num_stages": 2,
+               "STEP_BLOCKS": gemm_step_blocks(block_size, n_blocks)}
     if tile is not None:
         cfg = {"BM": bm, **default, **tile}
     else:
@@ -547,11 +564,37 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
             f"gemm_bm{bm}", type_name, block_size, bm, default, device, dtype)}, device, dtype)
     programs_per_sm = cfg.get("PROGRAMS_PER_SM", 2)
     cfg = {k: v for k, v in cfg.items() if k != "PROGRAMS_PER_SM"}
+    step = cfg["STEP_BLOCKS"]
+    while n_blocks % step:  # a tile's own (the tuner's, for another K) too must divide them
+        step //= 2
+    cfg["STEP_BLOCKS"], steps = step, n_blocks // step
     tiles = -(-m // bm) * -(-n // cfg["BN"])
     split_k = 1
-    while tiles * split_k * 2 <= programs_per_sm * device.sms and n_blocks % (2 * split_k) == 0:
+    while tiles * split_k * 2 <= programs_per_sm * device.sms and steps % (2 * split_k) == 0:
         split_k *= 2
     return {**cfg, "SPLIT_K": split_k}
+
+
+# The weights a K step of the fused GEMM and the expert tiles takes (gemm.py's STEP_BLOCKS):
+# 128, four blocks of 32 weights or two of 64 (256-weight blocks take one). A step of one
+# 32-weight block left its program a 2.3 KB load of Q4_0's planes in flight a stage (at BN =
+# 128) and some 90 warp-instructions of the loop's own (addresses, the pipeline's waits, the
+# MMA's fences) for 32 weights. The H200's timings (BENCHMARKS.md "GPU") took about a
+# microsecond a K step for Q4_0's BM = 16 tile, whatever the M: one latency a step. sm_90
+# SASS, fp16 x, the fraction of the bytes' bound the loop's issue allows at 1 -> 4 blocks a
+# step: Q4_0 BM = 16 / 32 / 64 0.92 / 0.80 / 0.76 -> 1.0 / 0.92 / 0.91, Q8_0 1.0 (0.17 ->
+# 0.13 instructions a byte), Q5_0 0.70 -> 0.77-0.84, IQ4_NL 0.50-0.57 -> 0.54-0.65; NVFP4
+# (64 weights) at 2 blocks 0.51-0.53 -> 0.53-0.59; no spills (BENCHMARKS.md "K steps").
+GEMM_STEP_WEIGHTS = 128
+
+
+def gemm_step_blocks(block_size: int, n_blocks: int) -> int:
+    """Block columns a K step of the fused GEMM (and of the expert tiles) takes: GEMM_STEP_WEIGHTS
+    of weights, or the largest power of two below that divides the weight's `n_blocks`."""
+    step = max(1, GEMM_STEP_WEIGHTS // block_size)
+    while n_blocks % step:
+        step //= 2
+    return step
 
 
 # The dot GEMV (gemv_dot_kernel, at the M matmul_choice takes it). Each thread owns ROWS rows
@@ -620,16 +663,19 @@ def routed_rows_per_expert(pairs: int, n_experts: int) -> float:
 
 
 def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: Device,
-               dtype) -> dict:
+               dtype, n_blocks: int | None = None) -> dict:
     """The expert GEMM's tile (moe.py) on `device` for x of `dtype`, by the routed rows an
     expert gets on average (from shapes alone: no data is read): at
     decode (a few) the fused GEMM's M <= 16 tile, whose padding rows cost issue but no weight
     bytes; for longer runs the BM = 32 / 64 tiles, up to dequantize_matmul_min_m rows an
     expert, where prefill's long runs take each chosen expert dequantized, then torch.matmul
     (dispatch.expert_matmul). No split K: the experts' tiles are the parallelism. The tile
-    is the dense GEMM's of the same BM, fitted to the device's shared memory alike (the
-    expert kernel allocates what gemm_kernel does: measured). Not timed on a GPU yet."""
+    is the dense GEMM's of the same BM, its K step too (`n_blocks`: the expert's block
+    columns, None for a K step of GEMM_STEP_WEIGHTS), fitted to the device's shared memory
+    alike (the expert kernel allocates what gemm_kernel does: measured). Not timed on a GPU
+    yet."""
     bm = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
     bn = gemm_bn(type_name, block_size, bm, dtype)
-    return fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4,
-                                                      "num_stages": 2}, device, dtype)
+    step = gemm_step_blocks(block_size, n_blocks if n_blocks is not None else GEMM_STEP_WEIGHTS)
+    return fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2,
+                                                      "STEP_BLOCKS": step}, device, dtype)

@@ -198,7 +198,8 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
                           IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
                           **gemm_dequant(fmt, x.dtype == torch.float16),
                           SWAP=configs.swap_ab(type_name, cfg["BM"], x.dtype),
-                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                          STEP_BLOCKS=cfg["STEP_BLOCKS"], num_warps=cfg["num_warps"],
+                          num_stages=cfg["num_stages"])
     return out.reshape(*x.shape[:-1], n)
 
 
@@ -337,7 +338,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.reshape(t, top, n)
     cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(pairs, n_experts),
-                             _device(x.device), x.dtype)
+                             _device(x.device), x.dtype, b)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     out = torch.zeros(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows stay zero
     grid = (tile_expert.numel(), _cdiv(n, cfg["BN"]))
@@ -346,7 +347,8 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
                           **gemm_dequant(fmt, x.dtype == torch.float16),
                           SWAP=configs.swap_ab(fmt.name, cfg["BM"], x.dtype),
-                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                          STEP_BLOCKS=cfg["STEP_BLOCKS"], num_warps=cfg["num_warps"],
+                          num_stages=cfg["num_stages"])
     return out.reshape(t, top, n)
 
 

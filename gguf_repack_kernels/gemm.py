@@ -9,6 +9,11 @@ A from registers, so the dequantized weights go from the dequant function to the
 without a trip through shared memory, at the full HGMMA rate, its 64-row side filled by the
 weight tile whatever the batch (estimated from the sm_90 SASS: BENCHMARKS.md, "Paths by M").
 
+A step of the K loop takes STEP_BLOCKS block columns (128 weights of the 32- and 64-weight
+blocks: configs.gemm_step_blocks): the loop's own instructions (addresses, the pipeline's waits,
+the MMA's fences) then serve that many blocks, and each stage of the pipeline has that many
+blocks' planes in flight.
+
 With SPLIT_K > 1, program (., ., s) takes block columns s, s + SPLIT_K, ... and adds its
 partial sums atomically into a float32 workspace, the tile's last program writing the total
 in x's dtype (split_k.py): at small M there are too few tiles to give every SM two programs,
@@ -52,7 +57,7 @@ def tile_result(acc, SWAP: tl.constexpr):
 def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride_xm, stride_om,
                 BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
-                XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False):
+                XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1):
     # SUMS (float32, OUT's strides) and COUNTS [tiles] int32, zeroed: the split-K workspace
     # (split_k.py)
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -64,13 +69,16 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     # a for loop from 0 (Triton pipelines it; Triton 3.6's interpreter cannot start a range
-    # at a program id); SPLIT_K divides B (configs.gemm_config)
-    for i in range(0, B // SPLIT_K):
-        j = tl.program_id(2) + i * SPLIT_K
-        w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
-        x = tl.load(X + ms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
-                    mask=(ms < M)[:, None], other=0.0)
-        acc = tile_product(acc, x, w, IEEE, SWAP)
+    # at a program id). A step of it takes STEP_BLOCKS consecutive block columns
+    # (configs.gemm_step_blocks), program (., ., s) the steps s, s + SPLIT_K, ...;
+    # SPLIT_K * STEP_BLOCKS divides B (configs.gemm_config)
+    for i in range(0, B // (SPLIT_K * STEP_BLOCKS)):
+        for b in tl.static_range(STEP_BLOCKS):
+            j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
+            w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
+            x = tl.load(X + ms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
+                        mask=(ms < M)[:, None], other=0.0)
+            acc = tile_product(acc, x, w, IEEE, SWAP)
     offsets = ms[:, None].to(tl.int64) * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:

@@ -101,7 +101,7 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
                     TILE_EXPERT, OUT, N, B, stride_xm, stride_om,
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
-                    SWAP: tl.constexpr = False):
+                    SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert
@@ -120,10 +120,12 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for j in range(0, B):
-        w = DQ(p0, p1, p2, p3, p4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
-        x = tl.load(X + x_rows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
-                    mask=live[:, None], other=0.0)
-        acc = tile_product(acc, x, w, IEEE, SWAP)
+    for i in range(0, B // STEP_BLOCKS):  # STEP_BLOCKS block columns a step (gemm.py)
+        for b in tl.static_range(STEP_BLOCKS):
+            j = i * STEP_BLOCKS + b
+            w = DQ(p0, p1, p2, p3, p4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
+            x = tl.load(X + x_rows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
+                        mask=live[:, None], other=0.0)
+            acc = tile_product(acc, x, w, IEEE, SWAP)
     out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
     tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])

@@ -57,7 +57,7 @@ def _compile(task: tuple[str, str, int | None]) -> tuple[str, str, dict]:
     row.pop("loop_opcodes")
     if FAMILIES[family]:
         row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
-                                FORMATS[name].block_size))
+                                FORMATS[name].block_size * cfg.get("STEP_BLOCKS", 1)))
     print(f"compiled {name} {family} sm_90 fp16 {cfg}", file=sys.stderr)
     return name, family, row
 

@@ -100,7 +100,8 @@ def _shared_row(name: str, family: str, arch: int, act: str) -> dict:
            "shared_memory": shared, "shared_memory_limit": device(arch).shared_memory}
     if family in DOT_FAMILIES:
         row["shared_memory_estimate"] = shared_memory_estimate(
-            name, FORMATS[name].block_size, cfg["BM"], cfg["BN"], cfg["num_stages"], arch, act)
+            name, FORMATS[name].block_size, cfg["BM"], cfg["BN"], cfg["num_stages"], arch, act,
+            cfg.get("STEP_BLOCKS", 1))
     return row
 
 
@@ -113,10 +114,11 @@ def _row(name: str, family: str, arch: int, act: str, sass: bool) -> dict:
            **_measure(compiled, cfg, nbytes, arg_names, sass)}
     if family in DOT_FAMILIES:  # configs.py's estimate, which chose the tile
         row["shared_memory_estimate"] = shared_memory_estimate(
-            name, FORMATS[name].block_size, cfg["BM"], cfg["BN"], cfg["num_stages"], arch, act)
+            name, FORMATS[name].block_size, cfg["BM"], cfg["BN"], cfg["num_stages"], arch, act,
+            cfg.get("STEP_BLOCKS", 1))
     if sass and family in DOT_FAMILIES and arch == 90 and act == "fp16":
         row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
-                                FORMATS[name].block_size))
+                                FORMATS[name].block_size * cfg.get("STEP_BLOCKS", 1)))
     return row
 
 

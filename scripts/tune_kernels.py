@@ -73,8 +73,9 @@ def candidates(kind: str, name: str, smoke: bool) -> list[dict]:
         fmt = kernels.FORMATS[name]
         tiles = [t for t in kernels.configs.GEMV_CANDIDATES if t["PARTS"] in fmt.dot_parts
                  and (t.get("STAGES", 1) == 1 or fmt.block_size == kernels.configs.GEMV_STAGES_BLOCK)]
-    else:
-        tiles = kernels.configs.GEMM_CANDIDATES[KINDS[kind]]
+    else:  # a K step of another count of blocks: for the small blocks only (configs)
+        small = kernels.FORMATS[name].block_size < kernels.configs.GEMM_STEP_WEIGHTS
+        tiles = [t for t in kernels.configs.GEMM_CANDIDATES[KINDS[kind]] if small or "STEP_BLOCKS" not in t]
     return tiles[:2] if smoke else tiles
 
 

@@ -117,16 +117,17 @@ def test_swapped_tiles_give_the_product(name, rng, monkeypatch):
 def test_matmul_with_split_k_as_on_a_gpu(name, rng, monkeypatch):
     """On a GPU of 132 SMs the GEMV and the GEMM split K over programs that add their partial
     sums atomically (the interpreter's own launches, one "SM", never do): the same product
-    within float tolerance, and the configurations do split."""
+    within float tolerance, and the configurations do split (in steps of several block
+    columns where the blocks are small: configs.gemm_step_blocks)."""
     qtype = TYPES_BY_NAME[name]
-    n, k = 37, 4 * qtype.block_size
+    n, k = 37, 16 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
     dense = dequantize_planes(planes, qtype)
     gpu = kernels.configs.Device(0, 0, 132)  # the interpreter's, with 132 SMs
     monkeypatch.setattr(kernels.dispatch, "_device", lambda device: gpu)
     for m in (1, 16):
-        splits = (kernels.configs.gemv_dot_config(name, m, n, 4, gpu, torch.float32) if m == 1
-                  else kernels.configs.gemm_config(name, qtype.block_size, m, n, 4, gpu,
+        splits = (kernels.configs.gemv_dot_config(name, m, n, 16, gpu, torch.float32) if m == 1
+                  else kernels.configs.gemm_config(name, qtype.block_size, m, n, 16, gpu,
                                                    torch.float32))["SPLIT_K"]
         assert splits > 1, (m, splits)
         x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
@@ -139,6 +140,51 @@ def test_matmul_with_split_k_as_on_a_gpu(name, rng, monkeypatch):
         assert got_h.dtype == torch.float16
         ref_h = gemv_x(name, xh) @ dense.T
         assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, m)
+
+
+SMALL_BLOCK_TYPES = [name for name in KERNEL_TYPES if kernels.FORMATS[name].block_size < 128]
+
+
+@pytest.mark.parametrize("name", SMALL_BLOCK_TYPES)
+def test_k_steps_of_several_blocks_give_the_product(name, rng, monkeypatch):
+    """The fused GEMM and the expert tiles take a K step of several block columns where the
+    blocks are small (configs.gemm_step_blocks: 128 weights, four 32-weight blocks or two of
+    64): two steps of them here (and split K over them, as on a GPU of 132 SMs), float32 and
+    float16 x, against plain PyTorch on the torch backend's weights."""
+    qtype = TYPES_BY_NAME[name]
+    step = 128 // qtype.block_size
+    n, k = 19, 2 * 128
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    m = 16
+    gpu = kernels.configs.Device(0, 0, 132)
+    for split_k in (1, 2):
+        if split_k == 1:  # K whole
+            monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+        else:
+            monkeypatch.undo()
+            monkeypatch.setattr(kernels.dispatch, "_device", lambda _: gpu)
+            cfg = kernels.configs.gemm_config(name, qtype.block_size, m, n, k // qtype.block_size, gpu,
+                                              torch.float32)
+            assert (cfg["STEP_BLOCKS"], cfg["SPLIT_K"]) == (step, 2), cfg
+        x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+        ref = x @ dense.T
+        got = kernels.matmul(x, planes, name, (n, k))
+        assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, (name, split_k)
+        xh = (x / dense.abs().max()).half()
+        got_h = kernels.matmul(xh, planes, name, (n, k))
+        ref_h = xh.float() @ dense.T
+        assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, split_k)
+    monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)  # the tiles
+    stacked = {f: torch.stack([p, p.flip(1)]) for f, p in planes.items()}  # expert 1: rows reversed
+    by_expert = torch.stack([dense, dense.flip(0)])
+    ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
+    assert kernels.configs.moe_config(name, qtype.block_size, 2.0, gpu, torch.float32,
+                                      k // qtype.block_size)["STEP_BLOCKS"] == step
+    x = torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32))
+    got = kernels.expert_matmul(x, ids, stacked, name, (2, n, k))
+    ref = torch.einsum("tk,tjnk->tjn", x, by_expert[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, name
 
 
 def _uninitialized_empty(real_empty):
@@ -158,9 +204,10 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
     writes zeros for another rank's expert (-1) itself. The dense GEMV at M = 1 and 3, the
     fused GEMM at M = 16 (BM = 16, and the swapped BM = 32 and 64), the expert GEMV and the
     expert tiles (their sort's slots, -1 for
-    padding, and each tile's expert: all from the sort kernel)."""
+    padding, and each tile's expert: all from the sort kernel). Four K steps of the GEMM
+    (configs.gemm_step_blocks: four 32-weight blocks a step)."""
     qtype = TYPES_BY_NAME[name]
-    n, k = 37, 4 * qtype.block_size
+    n, k = 37, 4 * max(qtype.block_size, 128)
     qtype, planes = make_planes(name, (n, k), rng)
     dense = dequantize_planes(planes, qtype)
     gpu = kernels.configs.Device(0, 0, 132)
@@ -175,8 +222,8 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
         assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, m, tile)
         if tile is not None:  # the swapped tiles (the weight as the MMA's A), split too
             assert kernels.configs.swap_ab(name, tile["BM"], torch.float16)
-            assert kernels.configs.gemm_config(name, qtype.block_size, m, n, 4, gpu, torch.float16,
-                                               tile)["SPLIT_K"] > 1
+            assert kernels.configs.gemm_config(name, qtype.block_size, m, n, k // qtype.block_size, gpu,
+                                               torch.float16, tile)["SPLIT_K"] > 1
     stacked = {f: torch.stack([p, p.flip(1)]) for f, p in planes.items()}  # expert 1: rows reversed
     by_expert = torch.stack([dense, dense.flip(0)])
     ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
@@ -319,7 +366,32 @@ def test_the_gemm_tiles_with_more_programs_an_sm_split_k_further(name, rng):
             assert "PROGRAMS_PER_SM" not in cfg and cfg["num_stages"] == tile["num_stages"]
             assert cfg["BN"] == default["BN"]
             more = tile["PROGRAMS_PER_SM"] // 2  # the split, doubled as far as the block columns go
-            assert cfg["SPLIT_K"] == min(default["SPLIT_K"] * more, blocks), (bm, tile, cfg, default)
+            steps = blocks // default["STEP_BLOCKS"]
+            assert cfg["SPLIT_K"] == min(default["SPLIT_K"] * more, steps), (bm, tile, cfg, default)
+            got = kernels.matmul(x, planes, name, (n, k), tile={**tile, "BM": bm})
+            assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (bm, tile)
+
+
+def test_the_gemm_tiles_of_other_k_steps_give_the_product(rng):
+    """The tuner's fused-GEMM candidates with another K step (configs.GEMM_CANDIDATES'
+    STEP_BLOCKS: one block, the tiles before the 128-weight step, and eight) launch that
+    step where it divides the block columns, a smaller power of two where not; the product
+    either way."""
+    from gguf_repack_kernels import configs
+
+    name = "Q4_0"
+    h200 = configs.KNOWN_DEVICES[90]
+    for bm in (16, 32, 64):
+        assert {t["STEP_BLOCKS"] for t in configs.GEMM_CANDIDATES[bm] if "STEP_BLOCKS" in t} == {1, 8}
+        assert configs.gemm_config(name, 32, bm, 4096, 128, h200, "fp16", bm=bm)["STEP_BLOCKS"] == 4
+    n, k = 11, 12 * 32  # 12 blocks: a step of 8 does not divide them, 4 does
+    qtype, planes = make_planes(name, (n, k), rng)
+    dense = dequantize_planes(planes, qtype)
+    x = (torch.from_numpy(rng.standard_normal((16, k)).astype(np.float32)) / dense.abs().max()).half()
+    ref = x.float() @ dense.T
+    for tile, step in (({"STEP_BLOCKS": 1}, 1), ({"STEP_BLOCKS": 8}, 4)):
+        for bm in (16, 32):
+            assert configs.gemm_config(name, 32, 16, n, 12, h200, "fp16", tile, bm=bm)["STEP_BLOCKS"] == step
             got = kernels.matmul(x, planes, name, (n, k), tile={**tile, "BM": bm})
             assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (bm, tile)
 

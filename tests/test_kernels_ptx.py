@@ -80,7 +80,11 @@ def test_matmul_paths_are_estimated_for_every_type(ptx_rows):
     """From the same SASS, every type's fused GEMM (its tiles at M = 16 and M >= 64) and
     dequantize-then-matmul (its dequantize kernel) as fractions of an fp16 matmul at M = 16,
     128 and 2048 (aot.matmul_path_estimates); the path dispatched at M = 2048 reaches the
-    prefill issue's 0.8, and the threshold lies within the estimated break-evens."""
+    prefill issue's 0.8 and beats the BM = 64 tile by the serial model the rule is chosen by
+    (by the overlapping one, Q4_0's and Q4_1's tile, in K steps of four blocks, estimates
+    0.97x fp16 there: the H200 timed the fused tiles 1.4-2.9x slower than dequantize+matmul
+    past M = 64, configs.FUSED_MAX_M), and the threshold lies within the estimated
+    break-evens (of the overlapping model; Q4_0, Q4_1 and Q8_0 have none up to M = 8192)."""
     gemm = {r["type"]: r for r in ptx_rows if r["family"] == "gemm" and r["arch"] == 90}
     break_evens = []
     for name, r in gemm.items():
@@ -88,10 +92,13 @@ def test_matmul_paths_are_estimated_for_every_type(ptx_rows):
         assert sorted(est) == [16, 128, 2048], name
         assert est[16]["dispatched"] == "gemm" and est[2048]["dispatched"] == "dequantize+matmul"
         assert est[2048]["dequantize_matmul_fraction"] >= 0.8, est[2048]
-        assert est[2048]["dequantize_matmul_fraction"] > est[2048]["fused_gemm_fraction"], name
+        serial = est[2048]["times_serial_us"]
+        assert serial["dequantize+matmul"] < serial["gemm_bm64"], (name, serial)
         break_evens.append(est[16]["break_even_m"])
     threshold = kernels.configs.dequantize_matmul_min_m(256)
-    assert min(break_evens) <= threshold <= max(break_evens), break_evens
+    evens = [m for m in break_evens if m is not None]
+    assert len(evens) >= len(break_evens) // 2, break_evens
+    assert min(evens) <= threshold <= max(evens), break_evens
 
 
 # The prefill issue's goal at M = 16 for the 4-bit types (fp16 x: their float16 dequant
@@ -168,7 +175,8 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
 # issue allows, from the same SASS. Their float16 dequant functions unpack nibbles a word at a
 # time (fields.nibbles_f16): Q4_0 0.62 -> 0.92, Q4_1 0.53 (float32) -> 0.94, Q4_K 0.45 -> 0.79
 # (BENCHMARKS.md, "Paths by M").
-GEMM_M16_FLOORS = {"Q4_0": 0.9, "Q4_1": 0.9, "Q4_K": 0.75}
+# (K steps of four 32-weight blocks: configs.gemm_step_blocks, BENCHMARKS.md "K steps")
+GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.8, "Q8_0": 0.95, "Q4_K": 0.75}
 
 
 def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
@@ -350,7 +358,7 @@ def test_every_launched_tile_fits_its_devices_shared_memory():
                     # end: float32 for split K's atomics, else in the output's dtype
                     atomic = configs.swap_ab(name, cfg["BM"], act) and cfg.get("SPLIT_K", 1) > 1
                     key = (lowering(arch, act), "" if act == "fp32" else act, name, cfg["BM"], cfg["BN"],
-                           cfg["num_stages"], atomic)
+                           cfg["num_stages"], atomic, cfg["STEP_BLOCKS"])
                     tasks.setdefault(key, ("gemm" if cfg["BM"] == 64 else f"gemm_m{cfg['BM']}",
                                            name, arch, act, ""))
                     launched[(arch, act, name, family)] = key
@@ -371,7 +379,7 @@ def test_every_launched_tile_fits_its_devices_shared_memory():
     over = []
     for (arch, act, name, family), key in launched.items():
         fmt = kernels.FORMATS[name]
-        estimate = configs.shared_memory_estimate(name, fmt.block_size, *key[3:6], arch, act)
+        estimate = configs.shared_memory_estimate(name, fmt.block_size, *key[3:6], arch, act, key[7])
         assert shared[key] <= estimate, (arch, act, name, family, key, shared[key], estimate)
         if shared[key] > configs.KNOWN_DEVICES[arch].shared_memory:
             over.append((arch, act, name, family, shared[key]))
@@ -413,7 +421,7 @@ def test_every_launched_tile_fits_its_devices_shared_memory():
 # 0.49-0.59x at 128-256, 0.74-0.80x at 1024). The estimates of the tiles are not timings:
 # the H200 ran the M = 1 GEMV at about fp16's speed, where they say 1.9-3.6x.
 SWEEP_TYPES = ["Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"]
-SWEEP_IDEAL_FLOORS = {"Q4_0": 0.75, "Q4_K": 0.65, "Q5_K": 0.7, "Q6_K": 0.95, "Q8_0": 0.95}
+SWEEP_IDEAL_FLOORS = {"Q4_0": 0.85, "Q4_K": 0.65, "Q5_K": 0.7, "Q6_K": 0.95, "Q8_0": 0.95}
 
 
 @pytest.mark.slow

@@ -28,10 +28,11 @@ def default_tile(name, bm, act="fp16"):
         bn = configs.GEMM_M16_BN_F16[name]
     if bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES:  # the weight tile as A
         bn = 64 if block >= 256 else 128
+    step = max(1, 128 // block)  # a K step of 128 weights
     if bm == 128:  # swapped only; two warpgroups for 256-weight blocks (not Q6_K's: it spills)
         bn = 128 if block >= 256 and name not in configs.BM128_NARROW else 64
-        return {"BM": bm, "BN": bn, "num_warps": 8 if bn == 128 else 4, "num_stages": 2}
-    return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2}
+        return {"BM": bm, "BN": bn, "num_warps": 8 if bn == 128 else 4, "num_stages": 2, "STEP_BLOCKS": step}
+    return {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2, "STEP_BLOCKS": step}
 
 
 def launched(name, device, act):
@@ -54,11 +55,11 @@ def test_every_launched_tile_fits_its_device_by_the_estimate(arch, act):
         block = kernels.FORMATS[name].block_size
         for kind, m, cfg in launched(name, device, act):
             need = configs.shared_memory_estimate(name, block, cfg["BM"], cfg["BN"], cfg["num_stages"],
-                                                  arch, act)
+                                                  arch, act, cfg["STEP_BLOCKS"])
             assert need <= device.shared_memory, (name, kind, m, cfg, need)
             default = default_tile(name, cfg["BM"], act)
             fits = configs.shared_memory_estimate(name, block, cfg["BM"], default["BN"], 2, arch,
-                                                  act) <= device.shared_memory
+                                                  act, default["STEP_BLOCKS"]) <= device.shared_memory
             assert (cfg == default) == fits, (name, kind, m, cfg)
 
 
