@@ -132,7 +132,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
     if family in ("moe_m16", "moe_m32", "moe_m64"):
         cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act, k // block_size)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
-               "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "OUT": f"*{act}",
+               "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "E": "i32", "OUT": f"*{act}",
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
         return moe_gemm_kernel, sig, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",

@@ -120,19 +120,46 @@ def _device(device: torch.device) -> configs.Device:
     return configs.device_of(device)
 
 
-def _split_k_workspace(m: int, n: int, counters: int, split_k: int, out: torch.Tensor,
-                       zeroed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(SUMS, COUNTS, the buffer to zero) for a kernel that splits K (split_k.py): float32
-    sums [m, n] with the strides of `out` (contiguous: the kernels take one offset for both)
-    and int32 counters, one buffer, zeroed here (`zeroed`) or by x's preparation (the buffer
-    returned, for it to zero). Without split K nothing: `out` stands in for the pointers the
-    kernel then never reads."""
+def _split_k_workspace(m: int, n: int, counters: int, split_k: int,
+                       out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(SUMS, COUNTS, the buffer to zero) for a GEMV that splits K (split_k.py): float32 sums
+    [m, n] with the strides of `out` (contiguous: the kernels take one offset for both) and
+    int32 counters, one buffer, for x's preparation to zero (the buffer returned). Without
+    split K nothing: `out` stands in for the pointers the kernel then never reads."""
     assert out.shape == (m, n) and out.is_contiguous(), (out.shape, out.stride())
     if split_k == 1:
         return out, out, None
-    buffer = (torch.zeros if zeroed else torch.empty)(m * n + counters, device=out.device,
-                                                       dtype=torch.float32)
-    return buffer[:m * n], buffer[m * n:].view(torch.int32), None if zeroed else buffer
+    buffer = torch.empty(m * n + counters, device=out.device, dtype=torch.float32)
+    return buffer[:m * n], buffer[m * n:].view(torch.int32), buffer
+
+
+# The fused GEMM's split-K workspaces, one a (device, stream): float32, zeroed when made, and
+# left zeroed by every launch that uses one (split_k.py's CLEAN), so that a product is the
+# GEMM's one launch, no zeroing before it. One a stream: products on two streams at once
+# (vLLM's shared experts run on a stream of their own) must not share sums. Never freed:
+# a CUDA graph captured with a smaller one still reads it at every replay. Their size is
+# bounded by the split rule (K is split only while a product has few tiles: under
+# PROGRAMS_PER_SM x SMS / 2 tiles of BM x BN, some 4 MB at an H200's defaults).
+_CLEAN_WORKSPACES: dict[tuple, torch.Tensor] = {}
+_ALL_WORKSPACES: list[torch.Tensor] = []
+
+
+def _clean_split_k_workspace(m: int, n: int, counters: int, split_k: int, out: torch.Tensor):
+    """(SUMS, COUNTS) for the fused GEMM (as _split_k_workspace's), from the kept workspace of
+    the current stream, already zero: made (zeroed) on the first call and when a product
+    needs more, else no device work at all."""
+    assert out.shape == (m, n) and out.is_contiguous(), (out.shape, out.stride())
+    if split_k == 1:
+        return out, out
+    device = out.device
+    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" \
+        else (device.type,)
+    buffer = _CLEAN_WORKSPACES.get(key)
+    if buffer is None or buffer.numel() < m * n + counters:
+        buffer = torch.zeros(max(m * n + counters, 1 << 18), device=device, dtype=torch.float32)
+        _CLEAN_WORKSPACES[key] = buffer
+        _ALL_WORKSPACES.append(buffer)
+    return buffer[:m * n], buffer[m * n:m * n + counters].view(torch.int32)
 
 
 def gemm_dequant(fmt: Format, float16: bool) -> dict:
@@ -181,7 +208,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
         grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
-        sums, counts, zero = _split_k_workspace(m, n, m * grid[0], cfg["SPLIT_K"], out, zeroed=False)
+        sums, counts, zero = _split_k_workspace(m, n, m * grid[0], cfg["SPLIT_K"], out)
         xf, xs = _prepared_x(x2, fmt, zero)
         gemv_dot_kernel[grid](*args, xf, xs, out, sums, counts, n, b, out.stride(0),
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
@@ -192,7 +219,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
                                                  x.dtype, tile))
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
         grid = (_cdiv(m, cfg["BM"]), _cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
-        sums, counts, _ = _split_k_workspace(m, n, grid[0] * grid[1], cfg["SPLIT_K"], out, zeroed=True)
+        sums, counts = _clean_split_k_workspace(m, n, grid[0] * grid[1], cfg["SPLIT_K"], out)
         gemm_kernel[grid](*args, x2, out, sums, counts, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
                           IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
@@ -206,22 +233,22 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
 def _sorted_by_expert(ids: torch.Tensor, n_experts: int, bm: int, x_per_slot: bool):
     """The routed (token, slot) pairs sorted by expert, each expert's run padded to bm rows
     (moe.sort_by_expert_kernel, one launch): each padded slot's row of x and of the output
-    (-1 for padding), each bm-row tile's expert (-1 past the last expert's tiles). Pairs with
-    expert -1 (another rank's) get no slot; an id outside -1..E-1 raises (a device-side
-    assert on a GPU).
+    (-1 for padding), each bm-row tile's expert (-1 past the last tile). Pairs with expert
+    -1 (another rank's) take the slots of tiles of expert E, "none", which the tiles write
+    as zeros; an id outside -1..E-1 raises (a device-side assert on a GPU).
 
     On the device, with no host synchronization: every size comes from the shapes alone,
     as a CUDA graph needs (it replays the sizes and grids it captured, whatever the routing).
     The bound: an expert with c pairs takes ceil(c / bm) <= c // bm + 1 tiles, so P pairs
-    never take more than P // bm + min(E, P) tiles. The launch has that many; the tiles past
-    the last expert's find -1 and return at once."""
+    never take more than P // bm + min(E + 1, P) tiles ("none" counted). The launch has that
+    many; the tiles past the last find -1 and return at once."""
     t, top = ids.shape
     pairs, device = t * top, ids.device
-    max_tiles = pairs // bm + min(n_experts, pairs)
+    max_tiles = pairs // bm + min(n_experts + 1, pairs)  # (another rank's pairs: expert E's)
     x_rows = torch.empty(max_tiles * bm, dtype=torch.int32, device=device)
     out_rows = torch.empty(max_tiles * bm, dtype=torch.int32, device=device)
     tile_expert = torch.empty(max_tiles, dtype=torch.int32, device=device)
-    experts_pad = triton.next_power_of_2(n_experts + 1)
+    experts_pad = triton.next_power_of_2(n_experts + 2)  # the experts, "none", the loads past P
     cursor_ok = torch.empty(experts_pad + 1, dtype=torch.int32, device=device)
     sort_by_expert_kernel[(1,)](ids.reshape(-1).contiguous(), pairs, n_experts, 1 if x_per_slot else top,
                                 cursor_ok, cursor_ok[experts_pad:], x_rows, out_rows, tile_expert,
@@ -328,8 +355,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
         cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype))
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
         grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
-        sums, counts, zero = _split_k_workspace(pairs, n, pairs * grid[0], cfg["SPLIT_K"], out,
-                                                zeroed=False)
+        sums, counts, zero = _split_k_workspace(pairs, n, pairs * grid[0], cfg["SPLIT_K"], out)
         flat_ids = ids.reshape(-1).contiguous()
         xf, xs = _prepared_x(x2, fmt, zero, (flat_ids, n_experts))
         moe_gemv_kernel[grid](*args, *strides, xf, xs, flat_ids, top if x.dim() == 2 else 1, n_experts,
@@ -340,9 +366,9 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(pairs, n_experts),
                              _device(x.device), x.dtype, b)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
-    out = torch.zeros(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows stay zero
+    out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
     grid = (tile_expert.numel(), _cdiv(n, cfg["BN"]))
-    moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, out, n, b,
+    moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, n_experts, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
                           **gemm_dequant(fmt, x.dtype == torch.float16),

@@ -59,7 +59,7 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
                 XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1):
     # SUMS (float32, OUT's strides) and COUNTS [tiles] int32, zeroed: the split-K workspace
-    # (split_k.py)
+    # (split_k.py), which the tiles' last programs leave zeroed again (dispatch.py keeps it)
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
@@ -84,4 +84,5 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
     if SPLIT_K == 1:
         tl.store(OUT + offsets, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=out_mask)
     else:
-        add_partial_sums(tile_result(acc, SWAP), SUMS, OUT, offsets, out_mask, COUNTS, 2, SPLIT_K)
+        add_partial_sums(tile_result(acc, SWAP), SUMS, OUT, offsets, out_mask, COUNTS, 2, SPLIT_K,
+                         CLEAN=True)

@@ -49,65 +49,74 @@ def sort_by_expert_kernel(IDS, P, E, XDIV, CURSOR, OK, X_ROWS, OUT_ROWS, TILE_EX
                           BM: tl.constexpr, E_PAD: tl.constexpr, BK: tl.constexpr):
     """The routed (token, slot) pairs sorted by expert for the tiles (moe_gemm_kernel), in one
     program: vLLM's moe_align_block_size, for these tiles. IDS: the P = T * k ids as the
-    router gave them, -1 another rank's expert; E experts, E_PAD a power of two above E.
+    router gave them, -1 another rank's expert; E experts, E_PAD a power of two above E + 1.
     Writes, for MAX_TILES tiles of BM slots: each slot's row of x (pair // XDIV) and of the
     output (the pair), -1 for padding, in X_ROWS and OUT_ROWS; each tile's expert, -1 past the
-    last expert's tiles, in TILE_EXPERT; OK[0] = 1 if every id is in -1..E-1, else 0 (an
-    assert on it follows: dispatch.py). CURSOR: E_PAD int32 of scratch.
+    last tile, in TILE_EXPERT; OK[0] = 1 if every id is in -1..E-1, else 0 (an assert on it
+    follows: dispatch.py). CURSOR: E_PAD int32 of scratch.
 
     Each expert's pairs get ceil(count / BM) whole tiles, in expert order (an expert no pair
-    chose gets none), its pairs the first slots of them; a pair takes its slot by an atomic
-    increment of its expert's cursor, so the order of the pairs within an expert's tiles is
-    the atomics' (which changes no product: the tile's rows are independent). Sized from the
-    shapes alone (MAX_TILES = P // BM + min(E, P): dispatch.py), as a CUDA graph needs."""
+    chose gets none), its pairs the first slots of them; the pairs of another rank's experts
+    (and bad ids) get the tiles of expert E, "none", whose rows the tile kernel writes as
+    zeros without reading a weight: every row of the output comes from the tiles' launch,
+    none from a zeroing before it. A pair takes its slot by an atomic increment of its
+    expert's cursor, so the order of the pairs within an expert's tiles is the atomics'
+    (which changes no product: the tile's rows are independent). Sized from the shapes alone
+    (MAX_TILES = P // BM + min(E + 1, P): dispatch.py), as a CUDA graph needs."""
     experts = tl.arange(0, E_PAD)
-    # 1. each expert's pairs: another rank's (-1), a bad id, or past the last pair count as E
+    # 1. each expert's pairs: another rank's (-1) and bad ids count as E ("none"), the loads
+    # past the last pair as E + 1, which gets no tile
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
     bad = 0
     for start in range(0, P, BK):
         at = start + tl.arange(0, BK)
         e = tl.load(IDS + at, mask=at < P, other=-1)  # (int64 ids checked before narrowing)
         bad += tl.sum(((e < -1) | (e >= E)).to(tl.int32))
-        key = tl.where((e >= 0) & (e < E), e, E).to(tl.int32)
+        key = tl.where((e >= 0) & (e < E), e, E)
+        key = tl.where(at < P, key, E + 1).to(tl.int32)
         counts += tl.histogram(key, E_PAD).to(tl.int32)
     tl.store(OK, (bad == 0).to(tl.int32))
-    tiles = tl.where(experts < E, (counts + BM - 1) // BM, 0)
+    tiles = tl.where(experts <= E, (counts + BM - 1) // BM, 0)
     tiles_end = tl.cumsum(tiles, 0)
     tl.store(CURSOR + experts, (tiles_end - tiles) * BM)  # each expert's first slot
     # 2. each tile's expert: the count of experts whose tiles end at or before it
     for start in range(0, MAX_TILES, 16):
         tile = start + tl.arange(0, 16)
-        before = (tiles_end[None, :] <= tile[:, None]) & (experts < E)[None, :]
+        before = (tiles_end[None, :] <= tile[:, None]) & (experts <= E)[None, :]
         expert = tl.sum(before.to(tl.int32), axis=1)
-        tl.store(TILE_EXPERT + tile, tl.where(expert < E, expert, -1), mask=tile < MAX_TILES)
+        tl.store(TILE_EXPERT + tile, tl.where(expert <= E, expert, -1), mask=tile < MAX_TILES)
     # 3. every slot padding until a pair takes it
     for start in range(0, MAX_TILES * BM, BK):
         at = start + tl.arange(0, BK)
         tl.store(X_ROWS + at, tl.full((BK,), -1, tl.int32), mask=at < MAX_TILES * BM)
         tl.store(OUT_ROWS + at, tl.full((BK,), -1, tl.int32), mask=at < MAX_TILES * BM)
     tl.debug_barrier()  # the cursors and the padding written, before the pairs take slots
-    # 4. each pair with an expert of this rank takes the next slot of its expert's
+    # 4. each pair takes the next slot of its expert's (or of "none"'s)
     for start in range(0, P, BK):
         at = start + tl.arange(0, BK)
         e = tl.load(IDS + at, mask=at < P, other=-1)
-        placed = (at < P) & (e >= 0) & (e < E)
-        slot = tl.atomic_add(CURSOR + tl.where(placed, e, 0).to(tl.int32), 1, mask=placed, sem="relaxed")
-        tl.store(X_ROWS + slot, at // XDIV, mask=placed)
-        tl.store(OUT_ROWS + slot, at, mask=placed)
+        key = tl.where((e >= 0) & (e < E), e, E).to(tl.int32)
+        slot = tl.atomic_add(CURSOR + key, 1, mask=at < P, sem="relaxed")
+        tl.store(X_ROWS + slot, at // XDIV, mask=at < P)
+        tl.store(OUT_ROWS + slot, at, mask=at < P)
 
 
 @triton.jit
 def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OUT_ROWS,
-                    TILE_EXPERT, OUT, N, B, stride_xm, stride_om,
+                    TILE_EXPERT, E, OUT, N, B, stride_xm, stride_om,
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
                     SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
-    # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert
+    # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert, E for the
+    # pairs of none of this stack's experts (another rank's: their rows are written as zeros,
+    # no weight read)
     e = tl.load(TILE_EXPERT + tl.program_id(0)).to(tl.int64)
-    if e < 0:  # past the last expert's tiles: the grid is sized from the shapes alone
+    if e < 0:  # past the last tile: the grid is sized from the shapes alone
         return
+    steps = tl.where(e < E, B // STEP_BLOCKS, 0)
+    e = tl.where(e < E, e, 0)
     slots = tl.program_id(0) * BM + tl.arange(0, BM)
     x_rows = tl.load(X_ROWS + slots)
     out_rows = tl.load(OUT_ROWS + slots)
@@ -120,7 +129,7 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for i in range(0, B // STEP_BLOCKS):  # STEP_BLOCKS block columns a step (gemm.py)
+    for i in range(0, steps):  # STEP_BLOCKS block columns a step (gemm.py)
         for b in tl.static_range(STEP_BLOCKS):
             j = i * STEP_BLOCKS + b
             w = DQ(p0, p1, p2, p3, p4, TABLE, j, rows, mask, N)  # [BN, BLOCK]

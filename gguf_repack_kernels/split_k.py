@@ -3,7 +3,8 @@
 The SPLIT_K programs of one output tile add their partial sums atomically into a float32
 workspace and then count themselves on the tile's counter; the program that counts last reads
 the whole sum back and writes it in the output's dtype. A product is then one launch (beside
-x's preparation, which zeroes the workspace: dispatch.py) where it took three: a zeroed
+x's preparation, which zeroes the workspace, or the fused GEMM's workspace that its last
+programs leave zeroed: dispatch.py) where it took three: a zeroed
 float32 output, the kernel's atomics into it, a cast to x's dtype after. At decode, where
 these kernels run, a product's device time is a few microseconds and its launches' fixed cost
 a good part of it (the H200's timings, BENCHMARKS.md "GPU"); an eager caller (transformers'
@@ -21,14 +22,17 @@ import triton.language as tl
 
 @triton.jit
 def add_partial_sums(acc, SUMS, OUT, offsets, mask, COUNTS, SPLIT_AXIS: tl.constexpr,
-                     SPLIT_K: tl.constexpr):
+                     SPLIT_K: tl.constexpr, CLEAN: tl.constexpr = False):
     """This program's partial sums `acc` into SUMS + offsets (float32: the workspace has the
     output's strides, so one offset tensor serves both), then its tile's counter in COUNTS
     (int32, one a tile: the grid's other two axes, SPLIT_AXIS being the split's) up by one;
     the tile's last program stores the total at OUT + offsets, in the output's dtype. `mask`:
     the live elements. (The counter's address is made here, after the K loop, from the
     program's ids: made before, ptxas kept it across the loop in local memory, 2-6 bytes of
-    Q6_K's and Q8_0's GEMV at sm_90 and sm_120.)"""
+    Q6_K's and Q8_0's GEMV at sm_90 and sm_120.) With CLEAN the last program leaves the tile's
+    workspace as it found it, its sums and counter zero again, for the next launch that
+    takes the same workspace (dispatch.py keeps one for the fused GEMM: no zeroing launch);
+    every other program of the tile has counted itself by then, and reads nothing more."""
     tl.atomic_add(SUMS + offsets, acc, mask=mask, sem="relaxed")
     tl.debug_barrier()  # every thread's adds, before the program counts itself
     if SPLIT_AXIS == 1:
@@ -39,6 +43,9 @@ def add_partial_sums(acc, SUMS, OUT, offsets, mask, COUNTS, SPLIT_AXIS: tl.const
     if arrived == SPLIT_K - 1:
         total = tl.load(SUMS + offsets, mask=mask, other=0.0, cache_modifier=".cg")
         tl.store(OUT + offsets, total.to(OUT.dtype.element_ty), mask=mask)
+        if CLEAN:
+            tl.store(SUMS + offsets, tl.zeros_like(total), mask=mask)
+            tl.store(COUNTS + tile, 0)
 
 
 @triton.jit

@@ -21,7 +21,8 @@ reported as such), the bench and the tune are stopped at their shares:
    products of a 16-expert stack (decode: 1 and 8 tokens of 8 experts each; 256 and 2048
    tokens of 2) against plain PyTorch; float32, float16 and bfloat16 x; for Q4_K, Q8_0, MXFP4
    and IQ4_XS, the dense and expert products in bfloat16 captured in CUDA graphs at 1, 8, 64
-   and 512 tokens and replayed with other routings (check_graphs); every failure named.
+   and 512 tokens and replayed with other routings (check_graphs); the fused GEMM's kept split-K
+   workspaces all zero after (each launch leaves its own zeroed); every failure named.
 2. model: a 2-layer llama written here with GGUFWriter (projections in a mix of legacy and
    K-quant types, as a Q4_K_M file has; tests/hf_models.py), converted, loaded with
    gguf_repack.hf.load_model on the device: its 32 greedy tokens against the torch backend's
@@ -172,6 +173,14 @@ def check_type(name: str, device: str, ms: list[int], smoke: bool) -> list[dict]
         row("expert_matmul", tokens * top, expert_matmul)
     if name in GRAPH_TYPES:
         check_graphs(row, name, device, planes, (n, k), stack, (experts, n, k), smoke)
+
+    def workspaces():  # the fused GEMM's kept split-K workspaces, left zeroed by every launch
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dirty = [key for key, w in kernels.dispatch._CLEAN_WORKSPACES.items() if w.any()]
+        if dirty:
+            return f"split-K workspaces not left zeroed: {dirty}"
+    row("split-K workspace", None, workspaces)
     print(f"kernels {name}: {sum(not r['ok'] for r in rows)} failures", file=sys.stderr, flush=True)
     return rows
 

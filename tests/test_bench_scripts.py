@@ -29,7 +29,7 @@ def test_gpu_check_smoke(tmp_path):
     assert {r["type"] for r in report["kernels"]} == {"Q4_K"}
     assert all(r["ok"] for r in report["kernels"]), [r for r in report["kernels"] if not r["ok"]]
     assert {r["family"] for r in report["kernels"]} == {"dequantize", "embedding", "matmul",
-                                                        "expert_matmul", "graph bf16"}
+                                                        "expert_matmul", "graph bf16", "split-K workspace"}
     assert report["bench"]["returncode"] == 0, report["bench"]
     bench = json.loads((tmp_path / "bench" / "bench_gpu.json").read_text())
     assert {r["type"] for r in bench["rows"]} == {"Q4_0", "Q4_K"}

@@ -187,6 +187,34 @@ def test_k_steps_of_several_blocks_give_the_product(name, rng, monkeypatch):
     assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, name
 
 
+def test_the_fused_gemms_workspace_is_left_zeroed_for_the_next_product(rng, monkeypatch):
+    """The fused GEMM's split-K workspace is kept (one a stream, dispatch.py) and never
+    zeroed by a launch of its own: each product's last programs leave it zeroed (split_k.py's
+    CLEAN). Products of two weights and three batch sizes in turn, as on a GPU of 132 SMs,
+    each equal to its reference every time, and the workspace all zero after each."""
+    gpu = kernels.configs.Device(0, 0, 132)
+    monkeypatch.setattr(kernels.dispatch, "_device", lambda _: gpu)
+    monkeypatch.setattr(kernels.dispatch, "_CLEAN_WORKSPACES", {})
+    weights = []
+    for name, shape in (("Q4_0", (37, 512)), ("Q4_K", (21, 1024))):
+        qtype, planes = make_planes(name, shape, rng)
+        weights.append((name, shape, planes, dequantize_planes(planes, qtype)))
+    for _ in range(2):
+        for name, (n, k), planes, dense in weights:
+            block = kernels.FORMATS[name].block_size
+            for m in (9, 16, 30):
+                assert kernels.dispatch.matmul_path(name, m) == "gemm"
+                cfg = kernels.configs.gemm_config(name, block, m, n, k // block, gpu, torch.float16)
+                assert cfg["SPLIT_K"] > 1, cfg
+                x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+                x = (x / dense.abs().max()).half()
+                got = kernels.matmul(x, planes, name, (n, k))
+                ref = x.float() @ dense.T
+                assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, m)
+                (workspace,) = kernels.dispatch._CLEAN_WORKSPACES.values()
+                assert not workspace.any(), (name, m)
+
+
 def _uninitialized_empty(real_empty):
     """torch.empty as a GPU may hand memory over: NaN in every float, a non-zero pattern in
     every integer; what a kernel leaves unwritten shows."""
@@ -793,20 +821,24 @@ def test_swapped_expert_tiles_give_the_products(name, rows, rng, monkeypatch):
 def test_expert_tiles_hold_one_expert_each_and_skip_unchosen_experts():
     """The sort on the device: each expert's pairs padded to whole tiles, every tile one
     expert's, the slots pointing at x's rows and the output's; an expert no pair chose has no
-    tile. Sized from the shapes: 6 pairs in tiles of 4 rows take at most 6 // 4 + 4 = 5
-    tiles; those past the last expert's say -1 (the kernel returns at once)."""
+    tile; the pairs of another rank's experts (-1) the tiles of expert E = 4, "none" (written
+    as zeros). Sized from the shapes: 6 pairs in tiles of 4 rows take at most
+    6 // 4 + min(4 + 1, 6) = 6 tiles; those past the last say -1 (the kernel returns at once)."""
     from gguf_repack_kernels.dispatch import _sorted_by_expert
 
     ids = torch.tensor([[2, 0], [0, 2], [2, -1]])
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, 4, 4, x_per_slot=False)
-    assert tile_expert.tolist() == [0, 2, -1, -1, -1]  # experts 1 and 3: no tile
+    assert tile_expert.tolist() == [0, 2, 4, -1, -1, -1]  # experts 1 and 3: no tile
     unused = [-1] * 12
-    assert out_rows.tolist() == [1, 2, -1, -1, 0, 3, 4, -1] + unused  # pairs (t, j) as t * 2 + j
-    assert x_rows.tolist() == [0, 1, -1, -1, 0, 1, 2, -1] + unused  # their tokens
-    assert _sorted_by_expert(ids, 4, 4, x_per_slot=True)[0].tolist() == [1, 2, -1, -1, 0, 3, 4, -1] + unused
-    # every pair another rank's: no slot, no tile with an expert
+    # pairs (t, j) as t * 2 + j
+    assert out_rows.tolist() == [1, 2, -1, -1, 0, 3, 4, -1, 5, -1, -1, -1] + unused
+    assert x_rows.tolist() == [0, 1, -1, -1, 0, 1, 2, -1, 2, -1, -1, -1] + unused  # their tokens
+    assert _sorted_by_expert(ids, 4, 4, x_per_slot=True)[0].tolist() == \
+        [1, 2, -1, -1, 0, 3, 4, -1, 5, -1, -1, -1] + unused
+    # every pair another rank's: one tile of "none"
     x_rows, out_rows, tile_expert = _sorted_by_expert(torch.full((2, 2), -1), 4, 4, x_per_slot=False)
-    assert set(x_rows.tolist()) == set(out_rows.tolist()) == set(tile_expert.tolist()) == {-1}
+    assert tile_expert.tolist() == [4, -1, -1, -1, -1] and out_rows[:4].tolist() == [0, 1, 2, 3]
+    assert set(x_rows[4:].tolist()) == set(out_rows[4:].tolist()) == {-1}
 
 
 def test_the_interpreter_computes_bfloat16_as_a_gpu():
