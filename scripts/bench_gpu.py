@@ -8,7 +8,9 @@
 For each type and shape (N, K) and batch M, timed side by side with CUDA events (median of
 --runs after warm-up): the rp1 kernel (gguf_repack_kernels.matmul), the raw-layout kernel
 that reads GGUF's own blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS; M <= 8), fp16
-torch.matmul with the dense weight, and dequantize-then-matmul. A device-to-device copy
+torch.matmul with the dense weight, and dequantize-then-matmul; where the fused tile runs
+and the blocks are under 128 weights, that tile with one block a K step as well (the tile
+before configs.gemm_step_blocks: this change's own measure). A device-to-device copy
 measured in the same run gives the bandwidth baseline. Reported: GB/s of weight bytes and
 its fraction of copy bandwidth for M <= 8, TFLOP/s above, and the ratios. Each timing cycles
 through copies of its weight that together are three times the L2 cache (a 4096 x 4096 Q4_K
@@ -180,6 +182,12 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
                                                                      torch.float16).T)}
         if name in RAW_DEQUANT and m <= GEMV_M:
             t["raw"] = timer(lambda: raw_matmul(x, next(raw), name, (n, k)))
+        if kernels.dispatch.matmul_path(name, m) == "gemm" and \
+                kernels.FORMATS[name].block_size < kernels.configs.GEMM_STEP_WEIGHTS:
+            # the fused tile as it was before K steps of 128 weights (configs.gemm_step_blocks):
+            # a block column a step, side by side with the default
+            t["one-block steps"] = timer(lambda: kernels.matmul(x, next(planes), name, (n, k),
+                                                                tile={"STEP_BLOCKS": 1}))
         t["rp1 eager"] = timer.eager(lambda: kernels.matmul(x, next(planes), name, (n, k)))
         # what the rp1 product launches, each kernel's device time (at the GEMV's M and 16)
         breakdown = kernel_breakdown(lambda: kernels.matmul(x, next(planes), name, (n, k)),
@@ -263,15 +271,17 @@ def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
              "call replayed from a CUDA graph; eager: back-to-back calls, Python and launch "
              "included", "",
              "| type | N x K | M | rp1 | GB/s (of copy) or TFLOP/s | vs fp16 matmul | vs raw layout "
-             "| dequant+matmul | rp1 eager | fp16 eager |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dequant+matmul | rp1, one block a K step | rp1 eager | fp16 eager |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         perf = (f"{r['GB/s']:.0f} GB/s ({100 * r['copy_fraction']:.0f}%)" if "GB/s" in r
                 else f"{r['TFLOP/s']:.1f} TFLOP/s")
         raw = f"{r['vs_raw']:.2f}x" if r["vs_raw"] else "-"
+        one_block = (f"{r['seconds']['one-block steps'] * 1e6:.1f} us"
+                     if "one-block steps" in r["seconds"] else "-")
         lines.append(f"| {r['type']} | {r['N']} x {r['K']} | {r['M']} | "
                      f"{r['seconds']['rp1'] * 1e6:.1f} us | {perf} | {r['vs_fp16']:.2f}x | {raw} | "
-                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | "
+                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | {one_block} | "
                      f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | "
                      f"{r['seconds']['fp16 eager'] * 1e6:.1f} us |")
     broken = [r for r in rows if r.get("rp1_kernels_us")]

@@ -35,6 +35,8 @@ def test_gpu_check_smoke(tmp_path):
     assert {r["type"] for r in bench["rows"]} == {"Q4_0", "Q4_K"}
     assert all(r["seconds"]["rp1"] > 0 for r in bench["rows"])
     assert any(r["vs_raw"] for r in bench["rows"])  # the raw-layout baseline ran
+    # the fused tile of Q4_0 (M = 16) beside its one-block K steps; none for Q4_K's 256 weights
+    assert {(r["type"], r["M"]) for r in bench["rows"] if "one-block steps" in r["seconds"]} == {("Q4_0", 16)}
     # the expert products' rows (#31's MoE measure: touched experts' bytes against the copy)
     assert [(r["type"], r["tokens"], r["path"]) for r in bench["expert_rows"]] == [
         ("Q4_0", 1, "gemv"), ("Q4_K", 1, "gemv")]
