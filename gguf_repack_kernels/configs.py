@@ -556,7 +556,7 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
         bm = 64  # BM = 128 is a swapped tile only (swap_ab): float32 x takes BM = 64 there
     bn = gemm_bn(type_name, block_size, bm, dtype)
     default = {"BN": bn, "num_warps": 8 if bm == 128 and bn == 128 else 4, "num_stages": 2,
-               "STEP_BLOCKS": gemm_step_blocks(block_size, n_blocks)}
+               "STEP_BLOCKS": gemm_step_blocks(block_size)}
     if tile is not None:
         cfg = {"BM": bm, **default, **tile}
     else:
@@ -564,10 +564,9 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
             f"gemm_bm{bm}", type_name, block_size, bm, default, device, dtype)}, device, dtype)
     programs_per_sm = cfg.get("PROGRAMS_PER_SM", 2)
     cfg = {k: v for k, v in cfg.items() if k != "PROGRAMS_PER_SM"}
-    step = cfg["STEP_BLOCKS"]
-    while n_blocks % step:  # a tile's own (the tuner's, for another K) too must divide them
-        step //= 2
-    cfg["STEP_BLOCKS"], steps = step, n_blocks // step
+    # the step (the default's, or a tile's own: the tuner's, tuned for another K) divides K
+    cfg["STEP_BLOCKS"] = step = dividing_step(cfg["STEP_BLOCKS"], n_blocks)
+    steps = n_blocks // step
     tiles = -(-m // bm) * -(-n // cfg["BN"])
     split_k = 1
     while tiles * split_k * 2 <= programs_per_sm * device.sms and steps % (2 * split_k) == 0:
@@ -588,10 +587,14 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
 GEMM_STEP_WEIGHTS = 128
 
 
-def gemm_step_blocks(block_size: int, n_blocks: int) -> int:
+def gemm_step_blocks(block_size: int) -> int:
     """Block columns a K step of the fused GEMM (and of the expert tiles) takes: GEMM_STEP_WEIGHTS
-    of weights, or the largest power of two below that divides the weight's `n_blocks`."""
-    step = max(1, GEMM_STEP_WEIGHTS // block_size)
+    of weights (gemm_config and moe_config fit it to the weight's block columns)."""
+    return max(1, GEMM_STEP_WEIGHTS // block_size)
+
+
+def dividing_step(step: int, n_blocks: int) -> int:
+    """`step` (a power of two), or the largest power of two below it that divides `n_blocks`."""
     while n_blocks % step:
         step //= 2
     return step
@@ -676,6 +679,8 @@ def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: 
     yet."""
     bm = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
     bn = gemm_bn(type_name, block_size, bm, dtype)
-    step = gemm_step_blocks(block_size, n_blocks if n_blocks is not None else GEMM_STEP_WEIGHTS)
+    step = gemm_step_blocks(block_size)
+    if n_blocks is not None:
+        step = dividing_step(step, n_blocks)
     return fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2,
                                                       "STEP_BLOCKS": step}, device, dtype)
