@@ -216,11 +216,12 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'MXFP4': (
-        (2, 'gemv'),
-        (16, 'gemm_bm16'),
+        (1, 'gemv'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
+        (192, 'dequantize+matmul'),
+        (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'NVFP4': (
@@ -228,6 +229,8 @@ MATMUL_RULE: dict[str, tuple] = {
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
+        (192, 'dequantize+matmul'),
+        (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q2_K': (

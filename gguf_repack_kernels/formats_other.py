@@ -16,11 +16,11 @@ from .fields import (
     bits_at,
     concat,
     dot4_2bit,
+    f16_halves,
     field_bytes,
     field_f16,
     field_run,
     lookup16,
-    lookup16_nibbles,
     lookup16_ptx,
     lookup_run_dot,
     lookup_table,
@@ -32,6 +32,7 @@ from .fields import (
     row_words,
     scale_f16,
     split4,
+    swap_middle_bytes,
     words4,
     x4,
     x8_scale,
@@ -170,8 +171,7 @@ def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 E2M1_DOUBLED = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 E2M1_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED))
-E2M1_F16_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED, f16=True))
-E2M1_F16_HIGH_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED, f16=True, high=True))
+
 
 
 @triton.jit
@@ -181,6 +181,34 @@ def e2m1_doubled(code, TABLE):
     a time from the instruction stream (fields.lookup16); the table's first 16 words are
     these values for the interpreter."""
     return lookup16(code, TABLE, E2M1_PTX)
+
+
+@triton.jit
+def e2m1_f16(w, RUN: tl.constexpr, Z):
+    """int32 [R, n] (the words of n * 4 bytes of E2M1 codes, read as runs of RUN words) ->
+    float16 [R, 8n], twice each code's value (gguf-py's kvalues; +0.0 for code 8), exactly,
+    in ggml's order: per run, every byte's low nibble, then every high one. Built from the
+    codes' bits, a word at a time, as fields.nibbles_f16 unpacks nibbles: a code is a
+    float16 of its own, its sign bit put at bit 15 and its 2 exponent and 1 mantissa bits at
+    bits 11-9 giving its value times 2**-14 exactly (E2M1's exponent 0 is float16's
+    subnormal: 0.5 * 2**-14); three shifts and two LOP3s a pair of codes, then one HFMA2,
+    times 2**15 plus +0.0 (which turns code 8's -0.0 into +0.0). Against a lookup (lookup16:
+    13 instructions for 4 codes and 2 moves of its table; and an order of its own, in which
+    the weight tile went through shared memory on its way to a wgmma), sm_90 SASS:
+    BENCHMARKS.md "FP4 from its bits". Z: opaque_zero (keeps the two masks in registers)."""
+    R: tl.constexpr = w.shape[0]
+    n: tl.constexpr = w.shape[1]
+    t = swap_middle_bytes(w)[:, :, None, None]  # bytes 0, 2, 1, 3: a pair's codes 16 bits apart
+    high = tl.arange(0, 2)[None, None, :, None]  # low or high nibbles
+    pair = tl.arange(0, 2)[None, None, None, :]  # bytes 0, 1 or 2, 3 of the word
+    # the pair's codes at bits 0-3 and 16-19 (the bits an arithmetic shift fills in are masked
+    # off below: bit 19 is the highest read). Written as four explicit shifts joined, the
+    # tile's layout changed and sent MXFP4's weights through shared memory again.
+    u = t >> (4 * high + 8 * pair)
+    v = ((u << 9) & (0x0E000E00 + Z)) | ((u << 12) & (-0x7FFF8000 + Z))  # 0x80008000
+    q = f16_halves(v) * 32768.0 + 0.0
+    q = tl.reshape(q, (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
+    return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
 
 
 @triton.jit
@@ -206,12 +234,29 @@ def ue4m3_half(x):
 
 
 
+def e8m0_f16_scale_pairs() -> np.ndarray:
+    """For each E8M0 byte e, the two float16 powers of two that mxfp4_f16 scales a doubled
+    E2M1 value by, one word each (2**a in the low half, 2**b in the high one): 2**(e - 128)
+    reaches far outside float16's range, so a = e - 128 clamped to -14..11 leaves every
+    doubled value (1 to 12) a normal float16 exactly, and b = (e - 128) - a clamped to
+    -24..15 rounds once. Where b is clamped the product is 0 or infinite either way
+    (12 * 2**-38 < 2**-25; 2**26). A table: the clamps and conversions cost the tile's loop
+    some 9 instructions a row and block (sm_90 SASS), its load 3."""
+    k = np.arange(256) - 128
+    a = np.clip(k, -14, 11)
+    b = np.clip(k - a, -24, 15)
+    halves = [np.exp2(p.astype(np.float64)).astype(np.float16).view(np.uint16).astype(np.uint32)
+              for p in (a, b)]
+    return (halves[0] | halves[1] << 16).view(np.int32)
+
+
 @cache
 def e2m1_table(device: torch.device) -> torch.Tensor:
     """Twice the 16 E2M1 values (OCP microscaling; gguf-py's kvalues), for the GEMV's
     lookups and the interpreter's (on a GPU the dequant functions take them from the
-    instruction stream)."""
-    return torch.tensor(E2M1_DOUBLED, dtype=torch.int32, device=device)
+    instruction stream); then mxfp4_f16's 256 float16 scale pairs (e8m0_f16_scale_pairs)."""
+    words = np.concatenate([np.array(E2M1_DOUBLED, np.int32), e8m0_f16_scale_pairs()])
+    return torch.from_numpy(words).to(device)
 
 
 def ue4m3_halves() -> np.ndarray:
@@ -226,8 +271,11 @@ def ue4m3_halves() -> np.ndarray:
 @cache
 def nvfp4_table(device: torch.device) -> torch.Tensor:
     """E2M1 values (16 int32), then the 256 halved UE4M3 scales (float32 bits): the GEMV
-    looks a block's 4 scales up instead of decoding them."""
-    words = np.concatenate([np.array(E2M1_DOUBLED, np.int32), ue4m3_halves().view(np.int32)])
+    looks a block's 4 scales up instead of decoding them; then the same as float16 (a word
+    each, in its low half), for the fused GEMM's tiles (nvfp4_f16)."""
+    halves = ue4m3_halves()
+    as_f16 = halves.astype(np.float16).view(np.uint16).astype(np.int32)  # exact: 2**-10 .. 224
+    words = np.concatenate([np.array(E2M1_DOUBLED, np.int32), halves.view(np.int32), as_f16])
     return torch.from_numpy(words).to(device)
 
 
@@ -239,27 +287,20 @@ def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 
 @triton.jit
 def mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """The float32 weights rounded to float16, bit for bit, computed in float16: E8M0's scale
-    2**(e - 128) reaches far outside float16's range, so it is applied as two float16 powers
-    of two, 2**a with a in -14..11, which leaves every doubled E2M1 value (at most 12) a normal
-    float16 exactly, then 2**b, b = (e - 128) - a clamped to -24..15, which rounds once. Where
-    b is clamped the product is 0 or infinite either way (12 * 2**-38 < 2**-25; 2**26)."""
+    """The float32 weights rounded to float16, bit for bit, computed in float16: the doubled
+    E2M1 values times the two float16 powers of two of the row's E8M0 byte (rounding once),
+    looked up from TABLE (e8m0_f16_scale_pairs, after the 16 E2M1 values)."""
     # one byte a row, loaded as [R] and broadcast (as field_h does): row_u8's layout, or
     # field_bytes' [R, 1], sent the GEMM's tile through shared memory (16-19 more instructions)
     e = tl.load(P0.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64), mask=mask, other=0)
-    k = e.to(tl.int32)[:, None] - 128
-    a = tl.minimum(tl.maximum(k, -14), 11)
-    b = tl.minimum(tl.maximum(k - a, -24), 15)
-    # built as float32 powers of two (normal throughout), each exact in float16
-    scale_a = ((a + 127) << 23).to(tl.float32, bitcast=True).to(tl.float16)
-    scale_b = ((b + 127) << 23).to(tl.float32, bitcast=True).to(tl.float16)
-    q = lookup16_nibbles(field_bytes(P1, j, rows, mask, N, 16), TABLE, E2M1_F16_PTX,
-                         E2M1_F16_HIGH_PTX, True)
+    pair = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + 16 + e.to(tl.int32))[:, None]
+    scale_a = pair.to(tl.int16).to(tl.float16, bitcast=True)
+    scale_b = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    q = e2m1_f16(field_run(P1, j, rows, mask, N, 4, 0, 4, tl.int32), 4, opaque_zero(N))
     return q * scale_a * scale_b
 
 
-@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_f16=mxfp4_f16,
-          f16_nibble_run=16)
+@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_f16=mxfp4_f16)
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]
@@ -299,14 +340,16 @@ def nvfp4_codes(P1, j, rows, mask, N):
 def nvfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # the halved UE4M3 scales lie in 2**-10 .. 224 and the values are small integers: both
     # float16 exactly, so their product rounds once, as the float32 one converted does
-    scale = ue4m3_half(field_bytes(P0, j, rows, mask, N, 4)).to(tl.float16)[:, :, None]
-    q = lookup16_nibbles(field_bytes(P1, j, rows, mask, N, 32), TABLE, E2M1_F16_PTX,
-                         E2M1_F16_HIGH_PTX, True)  # sub-block s is columns 16s..16s+15
+    # looked up (nvfp4_table's third part) where the decode took some 9 instructions a scale
+    codes = field_bytes(P0, j, rows, mask, N, 4).to(tl.int32)
+    scale = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + 272 + codes).to(tl.int16)
+    scale = scale.to(tl.float16, bitcast=True)[:, :, None]
+    # sub-block s: words 2s, 2s + 1, columns 16s..16s+15
+    q = e2m1_f16(field_run(P1, j, rows, mask, N, 8, 0, 8, tl.int32), 2, opaque_zero(N))
     return tl.reshape(tl.reshape(q, (rows.shape[0], 4, 16)) * scale, (rows.shape[0], 64))
 
 
-@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16,
-          f16_nibble_run=8)
+@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16)
 @triton.jit
 def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # each sub-block of 16 weights has its own scale byte

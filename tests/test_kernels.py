@@ -472,18 +472,22 @@ def test_decode_int8_x_is_gguf_pys_q8_0(block, rng):
 
 
 def test_decode_lookup_tables_are_gguf_pys():
-    """The GEMV looks FP4 values and NVFP4's UE4M3 scales up in tables of its own; they equal
-    gguf-py's decoding."""
+    """The GEMV looks FP4 values and NVFP4's UE4M3 scales up in tables of its own, and the
+    fused GEMM NVFP4's scales in float16; they equal gguf-py's decoding. (MXFP4's float16 scale
+    pairs: test_gemm_float16_dequant_is_the_weights_rounded_to_float16, over every byte.)"""
     import gguf.quants
 
     from gguf_repack_kernels.formats_other import e2m1_table, nvfp4_table, ue4m3_halves
 
     cpu = torch.device("cpu")
-    assert e2m1_table(cpu).tolist() == list(gguf.quants.MXFP4.kvalues)
+    assert e2m1_table(cpu)[:16].tolist() == list(gguf.quants.MXFP4.kvalues)
     assert nvfp4_table(cpu)[:16].tolist() == list(gguf.quants.NVFP4.kvalues)
     every_byte = np.arange(256, dtype=np.uint8)
     assert np.array_equal(ue4m3_halves(), gguf.quants.NVFP4.ue4m3_to_fp32(every_byte).astype(np.float32))
-    assert np.array_equal(nvfp4_table(cpu)[16:].numpy().view(np.float32), ue4m3_halves())
+    assert np.array_equal(nvfp4_table(cpu)[16:272].numpy().view(np.float32), ue4m3_halves())
+    # the fused GEMM's copy of them in float16 (the low half of a word each), equal to them
+    as_f16 = nvfp4_table(cpu)[272:].numpy().astype(np.uint16).view(np.float16)
+    assert len(as_f16) == 256 and np.array_equal(as_f16.astype(np.float32), ue4m3_halves())
 
 
 def test_decode_tq1_0_digit_table_is_gguf_pys():
@@ -670,7 +674,7 @@ def tile_order(block: int, run: int) -> list[int]:
 
 def test_the_gemm_reads_x_in_the_nibble_group_order():
     """The GEMM's x columns for the nibble-group order (lookup16_nibbles): each 4 bytes' low
-    nibbles, then their high ones, within runs of bytes (IQ4_NL, MXFP4, IQ4_XS: 16; NVFP4: 8),
+    nibbles, then their high ones, within runs of bytes (IQ4_NL, IQ4_XS: 16; also 8),
     a permutation of the block; in order without."""
     assert tile_order(32, 0) == list(range(32))
     assert tile_order(32, 16) == [0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
