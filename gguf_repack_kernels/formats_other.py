@@ -173,7 +173,6 @@ E2M1_DOUBLED = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 E2M1_PTX = tl.constexpr(lookup16_ptx(E2M1_DOUBLED))
 
 
-
 @triton.jit
 def e2m1_doubled(code, TABLE):
     """4-bit E2M1 code -> twice its value as float32 (gguf-py's kvalues): 0, 1, 2, 3, 4, 6,
@@ -232,8 +231,6 @@ def ue4m3_half(x):
     return tl.where(x == 0x7F, 0.0, value)
 
 
-
-
 def e8m0_f16_scale_pairs() -> np.ndarray:
     """For each E8M0 byte e, the two float16 powers of two that mxfp4_f16 scales a doubled
     E2M1 value by, one word each (2**a in the low half, 2**b in the high one): 2**(e - 128)
@@ -266,6 +263,10 @@ def ue4m3_halves() -> np.ndarray:
     exp, man = (x >> 3) & 0xF, (x & 7).astype(np.float64)
     value = np.where(exp == 0, man * 2.0**-10, (1 + man / 8) * 2.0 ** (exp - 8))
     return np.where(x == 0x7F, 0.0, value).astype(np.float32)
+
+
+# where nvfp4_table's float16 scales start: after the 16 E2M1 values and 256 float32 scales
+NVFP4_F16_SCALES = tl.constexpr(16 + 256)
 
 
 @cache
@@ -342,7 +343,7 @@ def nvfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # float16 exactly, so their product rounds once, as the float32 one converted does
     # looked up (nvfp4_table's third part) where the decode took some 9 instructions a scale
     codes = field_bytes(P0, j, rows, mask, N, 4).to(tl.int32)
-    scale = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + 272 + codes).to(tl.int16)
+    scale = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + NVFP4_F16_SCALES + codes).to(tl.int16)
     scale = scale.to(tl.float16, bitcast=True)[:, :, None]
     # sub-block s: words 2s, 2s + 1, columns 16s..16s+15
     q = e2m1_f16(field_run(P1, j, rows, mask, N, 8, 0, 8, tl.int32), 2, opaque_zero(N))
