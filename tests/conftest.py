@@ -101,23 +101,31 @@ def gemma() -> Path:
     return fetch("gemma-3-270m-q4_k_m.gguf")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def gguf_py_reads_each_file_once():
+    """gguf-py's reader and transformers' GGUF metadata pass, once a file for the whole session
+    (hf_models.gguf_read_once: their own values, not computed again)."""
+    from hf_models import gguf_read_once
+
+    with gguf_read_once():
+        yield
+
+
 @pytest.fixture(scope="session")
 def transformers_reference():
     """transformers' GGUF path (`from_pretrained(gguf_file=...)`, every weight dequantized to
     float32 by gguf-py), built once per test run for each source file: src -> (model,
     tokenizer). Gemma's float32 copy is 1.7 GB; test_hf and test_vllm both compare with it."""
     import torch
-    from hf_models import gguf_read_once
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache = {}
 
     def get(src: Path):
         if src not in cache:
-            with gguf_read_once():
-                model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
-                                                             dtype=torch.float32).eval()
-                cache[src] = model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+            model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                         dtype=torch.float32).eval()
+            cache[src] = model, AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         return cache[src]
 
     return get

@@ -5,8 +5,13 @@ in Python). The tokenizer key/values are copied from SmolLM2's llama.cpp-made fi
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
+import json
 import os
+from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -57,16 +62,18 @@ def assert_same_predictions(model, ref_model, ids, steps: int):
 
 
 def tokenizer_kvs(source: Path) -> list[tuple]:
-    """Every tokenizer.* key/value of a GGUF file, as GGUFWriter.add_key_value arguments."""
-    reader = gguf.GGUFReader(source)
-    kvs = []
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[1] if vtype == V.ARRAY else None
-        kvs.append((key, field.contents(), vtype, sub))
-    return kvs
+    """Every tokenizer.* key/value of a GGUF file, as GGUFWriter.add_key_value arguments (read
+    by gguf-py once a file: a module's tests ask for SmolLM2's again and again)."""
+    def read():
+        kvs = []
+        for key, field in gguf.GGUFReader(source).fields.items():
+            if not key.startswith("tokenizer."):
+                continue
+            vtype = field.types[0]
+            sub = field.types[1] if vtype == V.ARRAY else None
+            kvs.append((key, field.contents(), vtype, sub))
+        return kvs
+    return list(_kept(_TOKENIZER_KVS, _file_key(source), read))
 
 
 def byte_tokenizer_kvs() -> list[tuple]:
@@ -325,26 +332,76 @@ def write_qwen3_moe(path: Path, tokenizer: list[tuple], rng: np.random.Generator
     return write_moe(path, "qwen3moe", tokenizer, rng)
 
 
-_GGUF_READERS: dict = {}
+# what gguf_read_once keeps, by file (_file_key), the most recently used last
+_GGUF_READERS: OrderedDict = OrderedDict()  # GGUFReader objects
+_GGUF_METADATA: OrderedDict = OrderedDict()  # transformers' metadata pass (load_gguf_checkpoint)
+_TOKENIZER_KVS: OrderedDict = OrderedDict()  # tokenizer_kvs
+_TOKENIZERS: OrderedDict = OrderedDict()  # tokenizer_of
+_KEPT = 16  # files kept of each (each reader maps its file, deleted or not, while kept)
+
+
+def _file_key(path) -> tuple:
+    """A file by its content: its path and a digest of its bytes (a file written again at the
+    same path is read again, however soon; a second for 1 GB)."""
+    with open(path, "rb") as f:
+        return os.path.realpath(path), hashlib.file_digest(f, "blake2b").hexdigest()
+
+
+def _kept(cache: OrderedDict, key, make):
+    if key not in cache:
+        cache[key] = make()
+        while len(cache) > _KEPT:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return cache[key]
+
+
+def tokenizer_of(out: Path):
+    """transformers' AutoTokenizer of an output directory, loaded once for the same files: its
+    tokenizer files by their bytes, and config.json's model type (AutoTokenizer's choice of
+    class where tokenizer_config.json names none). The tests load the same tokenizer for many
+    directories, 0.2 s each. The caller only encodes with it."""
+    from transformers import AutoTokenizer
+
+    out = Path(out)
+    files = sorted(f for f in out.iterdir()
+                   if f.name.startswith(("tokenizer", "special_tokens_map", "added_tokens", "chat_template")))
+    model_type = json.loads((out / "config.json").read_text()).get("model_type")
+    key = (model_type, *((f.name, hashlib.blake2b(f.read_bytes()).hexdigest()) for f in files))
+    return _kept(_TOKENIZERS, key, lambda: AutoTokenizer.from_pretrained(out))
 
 
 @contextlib.contextmanager
 def gguf_read_once():
-    """Within this block, gguf-py's GGUFReader reads each file once per test session (by path,
-    size and modification time). transformers' GGUF path reads the file anew for the config,
-    the weights and the tokenizer, each time parsing the vocabulary one element at a time:
-    14 s each for Gemma 3's 262k tokens here. Its readers are read-only views of the file."""
-    real = gguf.GGUFReader
+    """Within this block, gguf-py's GGUFReader reads each file once, and transformers' GGUF
+    metadata pass (load_gguf_checkpoint without the tensors) runs once a file. transformers'
+    GGUF path reads a file anew for the config, the weights and the tokenizer, each time
+    parsing the vocabulary one element at a time (14 s each for Gemma 3's 262k tokens here),
+    and many of the tests' files carry SmolLM2's 49k tokens: these reads were a fifth of the
+    test workers' time (py-spy over the whole suite, 2026-12-05). The values are gguf-py's and
+    transformers' own, computed once: the readers are read-only views of their files, the
+    metadata is handed out as a deep copy, and a metadata pass is kept only when gguf-py's
+    reader did the reading (not while the converter serves transformers its own values:
+    gguf_repack.converter.engine_files.transformers_reads). tests/conftest.py keeps this open
+    for the whole session."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as hf_gguf
+    except ImportError:  # (the Triton 3.6.0 environment of .ci/run has no transformers)
+        hf_gguf = SimpleNamespace(load_gguf_checkpoint=None)
+    real_reader, real_checkpoint = gguf.GGUFReader, hf_gguf.load_gguf_checkpoint
 
     def reader(path, mode="r"):
-        stat = os.stat(path)
-        key = (os.fspath(path), stat.st_size, stat.st_mtime_ns, mode)
-        if key not in _GGUF_READERS:
-            _GGUF_READERS[key] = real(path, mode)
-        return _GGUF_READERS[key]
+        if mode != "r":  # (a writable view is the caller's own)
+            return real_reader(path, mode)
+        return _kept(_GGUF_READERS, _file_key(path), lambda: real_reader(path, mode))
 
-    gguf.GGUFReader = reader
+    def load_gguf_checkpoint(path, return_tensors=False, *args, **kwargs):
+        if return_tensors or args or kwargs or gguf.GGUFReader is not reader:
+            return real_checkpoint(path, return_tensors, *args, **kwargs)
+        return copy.deepcopy(_kept(_GGUF_METADATA, _file_key(path), lambda: real_checkpoint(path, False)))
+
+    gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = reader, load_gguf_checkpoint
     try:
         yield
     finally:
-        gguf.GGUFReader = real
+        gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = real_reader, real_checkpoint

@@ -19,6 +19,7 @@ knows); architectures whose converter reads only SentencePiece get a tiny one tr
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import hashlib
 import json
@@ -647,7 +648,18 @@ def tokenizer_dir(kind: str) -> Path:
 
 def build_model(name: str, dtype=torch.float32):
     """The transformers model `name` (random weights, seed fixed, every float rounded to
-    bfloat16 once), in `dtype`, eval mode."""
+    bfloat16 once), in `dtype`, eval mode: a copy of its own, which the caller may change
+    (q8_0_reference rounds its weights). Built once per process: a module's tests ask for
+    the same model up to five times, and a copy costs a tenth of a build."""
+    if (name, dtype) not in _BUILT:
+        _BUILT[name, dtype] = _build_model(name, dtype)
+    return copy.deepcopy(_BUILT[name, dtype])
+
+
+_BUILT: dict = {}
+
+
+def _build_model(name: str, dtype):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, overrides, kind = _entry(name)

@@ -29,6 +29,7 @@ from hf_models import (
     bpe_tokenizer_kvs,
     byte_tokenizer_kvs,
     kl_per_position,
+    tokenizer_of,
     write_model,
 )
 from llama_cpp import MODELS, VLLM_BFLOAT16_ONLY, VLLM_OWN_REFERENCE, llama_cpp_file
@@ -170,8 +171,6 @@ def test_a_quantized_tensor_of_a_module_that_cannot_take_one_is_held_dequantized
 @pytest.mark.slow
 @_cells("tp2", [*VLLM_TP2_ARCHS, *LLAMA_CPP_TP2, *VLLM_OWN_REFERENCE])
 def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, vllm_python):  # noqa: F811
-    from transformers import AutoTokenizer
-
     from gguf_repack.hf import load_model
 
     outs = {arch: made(arch)[1] for arch in VLLM_TP2_ARCHS}
@@ -197,7 +196,7 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
     wrong = {}
     for arch, out in outs.items():
         ref_model = transformers_gguf_model(made(arch)[2])
-        prompt_ids, tokens = transformers_tokens(ref_model, AutoTokenizer.from_pretrained(out),
+        prompt_ids, tokens = transformers_tokens(ref_model, tokenizer_of(out),
                                                  VLLM_PROMPTS, steps=8)
         got = results[str(out)]
         if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:
@@ -206,7 +205,7 @@ def test_every_architecture_through_vllm_at_tensor_parallel_2(made, module_tmp, 
         with warnings.catch_warnings():  # (DeepSeek's kv_b_proj held dequantized: said, and known)
             warnings.simplefilter("ignore")
             ref_model = load_model(out)
-        prompt_ids, tokens = transformers_tokens(ref_model, AutoTokenizer.from_pretrained(out),
+        prompt_ids, tokens = transformers_tokens(ref_model, tokenizer_of(out),
                                                  VLLM_PROMPTS, steps=8)
         got = results[str(window_as_vllm_counts(out))]
         if got["prompt_token_ids"] != prompt_ids or got["token_ids"] != tokens:

@@ -26,7 +26,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from hf_models import assert_same_predictions, kl_per_position
+from hf_models import assert_same_predictions, kl_per_position, tokenizer_of
 from llama_cpp import (
     MLA_MODELS,
     MODELS,
@@ -120,9 +120,7 @@ def made(module_tmp):
 
 
 def prompt_ids(out) -> torch.Tensor:
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(out)(PROMPT, return_tensors="pt").input_ids
+    ids = tokenizer_of(out)(PROMPT, return_tensors="pt").input_ids
     assert ids.shape[1] >= N_PROMPT, ids.shape
     return ids[:, :N_PROMPT]
 
@@ -492,12 +490,10 @@ def test_llama_cpp_files_through_vllm_give_the_models_tokens(made, vllm_float32_
     for (name, outtype), out in outs.items():
         # the reference: transformers' model of the same weights (Q8_0: ours, which the Q8_0
         # test holds to the model with Q8_0 weights)
-        from transformers import AutoTokenizer
-
         # (the MTP file: ours, which test_glm_file_with_its_draft_layer_... holds to its model)
         ref = build_model(name) if outtype != "q8_0" and name in MODELS else load_model(out)
         got = results[str(window_as_vllm_counts(out))]
-        tokenizer = AutoTokenizer.from_pretrained(out)
+        tokenizer = tokenizer_of(out)
         for i, prompt in enumerate(VLLM_PROMPTS):
             ids = tokenizer(prompt, return_tensors="pt").input_ids
             assert got["prompt_token_ids"][i] == ids[0].tolist()
