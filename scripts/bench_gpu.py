@@ -10,13 +10,13 @@ For each type and shape (N, K) and batch M, timed side by side with CUDA events 
 that reads GGUF's own blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS; M <= 8), fp16
 torch.matmul with the dense weight, and dequantize-then-matmul; where the fused tile runs
 and the blocks are under 128 weights, that tile with one block a K step as well (the tile
-before configs.gemm_step_blocks: what the longer K step gains, measured on the device). A device-to-device copy
-measured in the same run gives the bandwidth baseline. Reported: GB/s of weight bytes and
-its fraction of copy bandwidth for M <= 8, TFLOP/s above, and the ratios. Each timing cycles
-through copies of its weight that together are three times the L2 cache (a 4096 x 4096 Q4_K
-weight is 9.4 MB, an H200's L2 60 MB): the bytes come from device memory, as a model's
-weights do, not from the cache. Writes bench_gpu.json and bench_gpu.md into --out after every
-weight (a run stopped early keeps what it measured).
+before configs.gemm_step_blocks: what the longer K step gains, measured on the device). A
+device-to-device copy measured in the same run gives the bandwidth baseline. Reported: GB/s
+of weight bytes and its fraction of copy bandwidth for M <= 8, TFLOP/s above, and the
+ratios. Each timing cycles through copies of its weight that together are three times the
+L2 cache (a 4096 x 4096 Q4_K weight is 9.4 MB, an H200's L2 60 MB): the bytes come from
+device memory, as a model's weights do, not from the cache. Writes bench_gpu.json and
+bench_gpu.md into --out after every weight (a run stopped early keeps what it measured).
 
 Types Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS at every shape; every other type at 4096 x 4096.
 First, for those six types, the expert products of a 128-expert stack (EXPERT_STACK) at 1 to
