@@ -571,10 +571,41 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     cfg["STEP_BLOCKS"] = step = dividing_step(cfg["STEP_BLOCKS"], n_blocks)
     steps = n_blocks // step
     tiles = -(-m // bm) * -(-n // cfg["BN"])
+    return {**cfg, "SPLIT_K": gemm_split_k(tiles, steps, programs_per_sm, device.sms)}
+
+
+# The last wave of programs: a split that leaves it this much emptier than the next split's
+# is passed over (see gemm_split_k)
+WAVE_GAIN = 0.05
+
+
+def wave_fill(programs: int, sms: int) -> float:
+    """The busiest SM's share of the work when `programs` equal programs spread over `sms`:
+    programs / (sms x ceil(programs / sms)). 224 programs on 132 SMs: 0.85 (92 SMs run two,
+    40 one); 896: 0.97."""
+    return programs / (sms * -(-programs // sms))
+
+
+def gemm_split_k(tiles: int, steps: int, programs_per_sm: int, sms: int) -> int:
+    """The fused GEMM's split of K (a power of two dividing its `steps` K steps): doubled while
+    the `tiles` output tiles times it stay within `programs_per_sm` programs an SM (2 by
+    default: one program's MMA runs while another dequantizes), then doubled further, up to
+    4x that many programs, where the last wave fills the SMs better by WAVE_GAIN or more
+    (the time is the busiest SM's: wave_fill). 4096 x 4096 at BM = 16 (32 tiles of BN = 128):
+    8, 256 programs, 0.97 of the SMs' work; 14336 x 4096 (112 tiles): 2 would run 224
+    programs, the busiest SM 2 of them where the average is 1.7 (0.85), 8 runs 896 (0.97).
+    Each split adds M x N float32 partial sums, added atomically in L2 (split_k.py): K is
+    split at all only while tiles <= 2 x programs_per_sm x sms, which bounds the workspace
+    (dispatch.py) to M x N of such products."""
     split_k = 1
-    while tiles * split_k * 2 <= programs_per_sm * device.sms and steps % (2 * split_k) == 0:
+    while tiles * split_k * 2 <= programs_per_sm * sms and steps % (2 * split_k) == 0:
         split_k *= 2
-    return {**cfg, "SPLIT_K": split_k}
+    best, more = split_k, split_k * 2
+    while tiles * more <= 4 * programs_per_sm * sms and steps % more == 0:
+        if wave_fill(tiles * more, sms) >= wave_fill(tiles * best, sms) + WAVE_GAIN:
+            best = more
+        more *= 2
+    return best
 
 
 # The weights a K step of the fused GEMM and the expert tiles takes (gemm.py's STEP_BLOCKS):

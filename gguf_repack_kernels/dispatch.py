@@ -138,8 +138,9 @@ def _split_k_workspace(m: int, n: int, counters: int, split_k: int,
 # GEMM's one launch, no zeroing before it. One a stream: products on two streams at once
 # (vLLM's shared experts run on a stream of their own) must not share sums. Never freed:
 # a CUDA graph captured with a smaller one still reads it at every replay. Their size is
-# bounded by the split rule (K is split only while a product has few tiles: under
-# PROGRAMS_PER_SM x SMS / 2 tiles of BM x BN, some 4 MB at an H200's defaults).
+# bounded by the split rule (configs.gemm_split_k: K is split only while a product has few
+# tiles, at most 2 x PROGRAMS_PER_SM x SMS of BM x BN: 528 at an H200's defaults, M x N
+# float32 of at most some 8 MB).
 _CLEAN_WORKSPACES: dict[tuple, torch.Tensor] = {}
 _ALL_WORKSPACES: list[torch.Tensor] = []
 

@@ -165,3 +165,32 @@ def test_the_estimates_rule_picks_a_path_and_tile_at_every_m():
             if path == "gemm":
                 cfg = configs.gemm_config(name, block, m, N, K // block, h200, "fp16")
                 assert f"gemm_bm{cfg['BM']}" == choice, (name, m, cfg)
+
+
+def test_k_is_split_for_the_busiest_sm_not_for_a_count_of_programs():
+    """configs.gemm_split_k: K is split until 2 programs an SM (one's MMA runs while the other
+    dequantizes), then further, to at most 8 an SM, only where the last wave then fills the
+    SMs better (the busiest SM's programs are the time). Values worked by hand for 132 SMs."""
+    h200 = configs.KNOWN_DEVICES[90]
+    assert configs.wave_fill(264, 132) == 1.0
+    assert configs.wave_fill(224, 132) == pytest.approx(224 / 264)  # 92 SMs run 2, 40 run 1
+    assert configs.wave_fill(896, 132) == pytest.approx(896 / 924)
+    # tiles -> split, 32 K steps: 4096 x 4096 at BM = 16 (32 tiles) as before; 14336 x 4096
+    # (112 tiles of BN = 128, 224 of BN = 64) past 2 an SM, to 896 programs; 256 or 600 tiles
+    # fill 132 SMs (or too many for a workspace) whole
+    for tiles, split in ((32, 8), (64, 4), (112, 8), (224, 4), (448, 2), (256, 1), (600, 1)):
+        assert configs.gemm_split_k(tiles, 32, 2, 132) == split, tiles
+        programs = tiles * split
+        assert programs <= 8 * 132 and (split == 1 or tiles <= 4 * 132)
+        # never a worse last wave than the count-of-programs rule's
+        plain = 1
+        while tiles * plain * 2 <= 2 * 132:
+            plain *= 2
+        assert configs.wave_fill(programs, 132) >= configs.wave_fill(tiles * plain, 132)
+    assert configs.gemm_split_k(112, 2, 2, 132) == 2  # a power of two that divides the steps
+    assert configs.gemm_split_k(112, 6, 2, 132) == 2
+    # as gemm_config takes it: the FFN's 14336 x 4096 of Q4_K at M = 16 and 64
+    blocks = 4096 // 256
+    assert configs.gemm_config("Q4_K", 256, 16, 14336, blocks, h200, torch.float16)["SPLIT_K"] == 8
+    cfg = configs.gemm_config("Q4_K", 256, 64, 14336, blocks, h200, torch.float16)
+    assert (cfg["BM"], cfg["BN"], cfg["SPLIT_K"]) == (64, 64, 4)
