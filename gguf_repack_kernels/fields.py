@@ -120,6 +120,38 @@ def nibbles_f16(w, RUN: tl.constexpr, Z):
     return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
 
 
+@triton.jit
+def nibbles_f16_fragments(w, Z):
+    """int32 [R, 32] (the 128 bytes of a 256-weight block's nibbles, 4 runs of 32 bytes:
+    run c's byte b holds weights 64c + b and 64c + 32 + b) -> float16 [R, 4, 8, 2, 2, 2],
+    1024 + each nibble, as (run c, word i, byte pair s1, high nibble s0, half)."""
+    R: tl.constexpr = w.shape[0]
+    t = swap_middle_bytes(w)[:, :, None]
+    s = tl.arange(0, 4)[None, None, :]  # shift 4s: (lo b0, lo b1), (hi ..), (lo b2, lo b3), (hi ..)
+    v = (t >> (4 * s)) & (0x000F000F + Z) | (0x64006400 + Z)
+    q = tl.reshape(f16_halves(v), (R, 4, 8, 2, 2, 2))  # [R, c, i, s1, s0, half]
+    return q
+
+
+@triton.jit
+def fragment_order_256(q):
+    """[R, c, i, s1, s0, half] (nibbles_f16_fragments) -> [R, 256] in the order
+    tile_columns(256, -1) reads x: column 32i + 16 s1 + 8 s0 + 2c + half, so that an MMA
+    fragment's thread c (k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16) takes run c's bytes only."""
+    R: tl.constexpr = q.shape[0]
+    return tl.reshape(tl.permute(q, (0, 2, 3, 4, 1, 5)), (R, 256))
+
+
+@triton.jit
+def fragment_order_32(q):
+    """[R, c, j, h, half] of a 32-weight block (word c of its 16 bytes of nibbles, low nibbles
+    j = 0 or high j = 1, byte pair h: weight 16j + 4c + 2h + half) -> [R, 32] in the order
+    tile_columns(32, -1) reads x: column 16j + 8h + 2c + half, so that an MMA fragment's
+    thread c (k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16) takes word c's bytes only."""
+    R: tl.constexpr = q.shape[0]
+    return tl.reshape(tl.permute(q, (0, 2, 3, 1, 4)), (R, 32))
+
+
 # --- whole bytes to float16 a word at a time (Q5_x, Q6_K, Q8_0) ----------------------------
 #
 # Where a weight's bits are assembled into a byte first (a nibble and its fifth or fifth and
@@ -144,6 +176,29 @@ def bytes_f16(w, Z):
                                            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
     q = tl.join(f16_halves(lo), f16_halves(hi))  # [R, n, byte within the half, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 2)), (R, 4 * n))
+
+
+# BYTES_F16_PTX's PRMT with its selector from a register: 0x4140 gives bytes 0, 1 and
+# 0x4342 bytes 2, 3, each under the exponent byte 0x64 of b
+BYTE_PAIR_F16_PTX = tl.constexpr("prmt.b32 $0, $1, $2, $3;")
+
+
+@triton.jit
+def byte_pairs_f16(w, Z):
+    """int32 [R, a, b] -> int32 [R, a, b, 2]: pair h of each word, bytes 2h and 2h + 1, as two
+    float16 halves 1024 + each (unsigned), exactly: one PRMT a pair, as bytes_f16's, but the
+    new last dimension made by broadcasting, not by joining two tensors (a join here sent the
+    swapped tiles' weights through shared memory: 128 STS a step for Q5_0). Z: a zero of w's
+    shape or one that broadcasts to it (row_zero)."""
+    h = tl.arange(0, 2)[None, None, None, :]
+    if INTERPRETED:
+        b = shr(w[:, :, :, None], 16 * h)
+        return (b & 0xFF) | ((b << 8) & 0xFF0000) | (0x64006400 + Z[:, :, :, None])
+    else:
+        return tl.inline_asm_elementwise(
+            BYTE_PAIR_F16_PTX, "=r,r,r,r",
+            [w[:, :, :, None], 0x64646464 + Z[:, :, :, None], 0x4140 + 0x202 * h],
+            dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -284,6 +339,45 @@ def dot4(a, b, c, A_SIGNED: tl.constexpr = False):
                                          [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
 
 
+def lookup16_words(values) -> tuple[int, int, int, int]:
+    """A table of 16 small integers as lookup16_bytes takes it: 4 int32 words of its bytes,
+    value + 128 each as an unsigned byte."""
+    table = [(int(v) + 128) & 0xFF for v in values]
+    assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
+    words = (sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4))
+    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+
+
+# lookup16_ptx's lookup of 4 codes ($1) in a table given as 4 registers ($2..$5): the two
+# halves looked up by two PRMTs, one LOP3 picking by bit 3; the 4 looked-up bytes out ($0)
+LOOKUP16_BYTES_PTX = tl.constexpr(
+    "{ .reg .b32 s, t, lo, hi, m; "
+    "and.b32 s, $1, 0x07070707; shr.u32 t, s, 4; or.b32 s, s, t; "
+    "prmt.b32 s, s, s, 0x0020; prmt.b32 lo, $2, $3, s; prmt.b32 hi, $4, $5, s; "
+    "shl.b32 m, $1, 4; prmt.b32 m, m, m, 0xBA98; lop3.b32 $0, hi, lo, m, 0xE4; }")
+
+
+@triton.jit
+def lookup16_bytes(codes, TABLE, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
+                   W3: tl.constexpr, Z):
+    """int32 words of 4 codes (bits 0-3 of each byte; the rest ignored) -> int32 words of the
+    4 values looked up, each + 128 as an unsigned byte. W0..W3: lookup16_words(VALUES), given
+    to the PTX as registers made from the zero Z (row_zero, broadcast to codes' shape): made
+    once, where lookup16_ptx's table in the instruction stream costs 4 moves a lookup (some
+    120 a K step of IQ4_NL's swapped tile, in the SASS). TABLE holds VALUES as int32 from
+    word 0, for the interpreter."""
+    if INTERPRETED:
+        r = codes * 0
+        for k in tl.static_range(4):
+            v = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + (shr(codes, 8 * k) & 15))
+            r = r | (((v + 128) & 0xFF) << (8 * k))
+        return r
+    else:
+        return tl.inline_asm_elementwise(LOOKUP16_BYTES_PTX, "=r,r,r,r,r,r",
+                                         [codes, W0 + Z, W1 + Z, W2 + Z, W3 + Z],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
 def lookup16_ptx(values, f16: bool = False, high: bool = False) -> str:
     """PTX for `lookup16` (float32, or float16 with f16): 4 codes (0..15, one a byte of the
     input register) -> values[code], for a table of 16 small integers (IQ4's kvalues, E2M1's
@@ -354,9 +448,16 @@ def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
     multiplies: in order, or with RUN > 0 the nibble-group order of lookup16_nibbles for a
     block whose nibbles come in runs of RUN bytes (a run's low nibbles are weights 2*RUN*r + i,
     its high ones 2*RUN*r + RUN + i): for RUN = 16, 0-3, 16-19, 4-7, 20-23, ... x is read in
-    that order at no cost; only its loads narrow to 4 elements."""
+    that order at no cost; only its loads narrow to 4 elements. RUN = -1: the fragment order
+    of fragment_order_32 or fragment_order_256, by BLOCK (registry.py); x's loads narrow to
+    pairs of elements there."""
     c = tl.arange(0, BLOCK)
-    if RUN > 0:
+    if RUN < 0 and BLOCK == 256:  # fragment order (fragment_order_256)
+        c = (64 * ((c // 2) % 4) + 32 * ((c // 8) % 2) + 4 * (c // 32) + 2 * ((c // 16) % 2)
+             + c % 2)
+    elif RUN < 0:  # fragment order of a 32-weight block (fragment_order_32)
+        c = 16 * (c // 16) + 4 * ((c // 2) % 4) + 2 * ((c // 8) % 2) + c % 2
+    elif RUN > 0:
         g4 = 4 * (c // 8)
         c = 2 * RUN * (g4 // RUN) + g4 % RUN + RUN * ((c // 4) % 2) + c % 4
     return c
@@ -403,6 +504,23 @@ def x8_words(XB, AT: tl.constexpr):
     """x[AT..AT+15] of the block at XB (prepare_x_q8_kernel's int8 x) as four int32 words,
     4 values each (one 16-byte load, the same address in every lane)."""
     return scalars4(tl.load(XB.to(tl.pointer_type(tl.int32)) + AT // 4 + tl.arange(0, 4)))
+
+
+ROW_ZERO_PTX = tl.constexpr("shr.s32 $0, $1, 31;")
+
+
+@triton.jit
+def row_zero(rows):
+    """0 in each element of `rows` (int32, none negative), in a form neither LLVM nor ptxas
+    can fold: a per-thread value. opaque_zero's is uniform, and where registers are scarce
+    ptxas keeps the constants made from it in uniform registers, copying one into a vector
+    register before each LOP3 that needs two (seen in the swapped K-quant tiles: some 70
+    copies a step); made from this one, they stay in vector registers."""
+    if INTERPRETED:
+        return rows >> 31
+    else:
+        return tl.inline_asm_elementwise(ROW_ZERO_PTX, "=r,r", [rows], dtype=tl.int32,
+                                         is_pure=True, pack=1)
 
 
 @triton.jit

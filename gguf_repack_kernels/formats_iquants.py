@@ -25,15 +25,20 @@ import triton.language as tl
 from .fields import (
     bf16_pair_words,
     bits_at,
+    byte_pairs_f16,
     concat,
     dot4,
+    f16_halves,
     field,
     field_f16,
     field_h,
     field_run,
+    fragment_order_32,
     lookup16,
+    lookup16_bytes,
     lookup16_nibbles,
     lookup16_ptx,
+    lookup16_words,
     lookup_run_dot,
     lookup_table,
     mac_bf16,
@@ -42,6 +47,7 @@ from .fields import (
     row_u16,
     row_word,
     row_words,
+    row_zero,
     scale_f16,
     shr,
     split4,
@@ -199,6 +205,8 @@ def ksign_factors(TABLE, idx):
 
 KVALUES_PTX = tl.constexpr(lookup16_ptx(_kvalues()))
 KVALUES_F16_PTX = tl.constexpr(lookup16_ptx(_kvalues(), f16=True))
+# the kvalues as 4 words of bytes, + 128 each (fields.lookup16_bytes)
+KW0, KW1, KW2, KW3 = (tl.constexpr(w) for w in lookup16_words(_kvalues()))
 KVALUES_F16_HIGH_PTX = tl.constexpr(lookup16_ptx(_kvalues(), f16=True, high=True))
 
 
@@ -244,13 +252,21 @@ def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
 
 @triton.jit
 def iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = lookup16_nibbles(field(P1, j, rows, mask, N, 16, tl.uint8), TABLE, KVALUES_F16_PTX,
-                         KVALUES_F16_HIGH_PTX, True)  # nibble-group order (registry.py)
+    """IQ4_NL for the fused GEMM with float16 x, in the fragment order of a 32-weight block
+    (fields.fragment_order_32): qs word c's low nibbles (j = 0), then its high ones shifted
+    down (j = 1), looked up 4 at a time (fields.lookup16_bytes: kvalue + 128 a byte), two
+    bytes at a time under float16's exponent (1024 + kvalue + 128), 1152 off exactly, then
+    d: one rounding."""
+    z = row_zero(rows)[:, None, None]
+    w = field_run(P1, j, rows, mask, N, 4, 0, 4, tl.int32)  # [R, 4]
+    codes = shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :])  # [R, c, j]
+    b = lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z)
+    q = fragment_order_32(f16_halves(byte_pairs_f16(b, z))) - 1152.0
     return field_h(P0, j, rows, mask, N) * q
 
 
 @register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_f16=iq4_nl_f16,
-          f16_nibble_run=16)
+          f16_nibble_run=-1)
 @triton.jit
 def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

@@ -11,11 +11,13 @@ from .fields import (
     field_bytes,
     field_f16,
     field_run,
+    fragment_order_256,
     mac4,
     mac_nibbles,
-    nibbles_f16,
+    nibbles_f16_fragments,
     opaque_zero,
     row_word,
+    row_zero,
     scale_f16,
     shr,
     words4,
@@ -328,19 +330,26 @@ def scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q):
 
 @triton.jit
 def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """Q4_K for the fused GEMM with float16 x: the nibbles unpacked a word at a time
-    (fields.nibbles_f16, ggml's order: 4 runs of 32 bytes, low nibbles sub-block 2g, high
-    ones 2g + 1), d * scale and dmin * min rounded to float16 once per sub-block, then one
-    HFMA a weight pair: three roundings where the float32 function and a conversion round
-    once (tests/test_kernels.py holds the bound)."""
+    """Q4_K for the fused GEMM with float16 x, in the fragment order (fields.fragment_order_256,
+    registry.py): each thread of an MMA fragment unpacks one 32-byte run of nibbles, a word at
+    a time (sub-blocks 2c and 2c + 1 of run c: 2 of the 8 scales and mins a row), d * scale and
+    dmin * min rounded to float16 once per sub-block, then one HFMA a weight pair: three
+    roundings where the float32 function and a conversion round once (tests/test_kernels.py
+    holds the bound). sm_90 SASS, the swapped BM = 32 tile's K step: 791 -> 586
+    instructions (BENCHMARKS.md "Each thread its own bytes")."""
     R: tl.constexpr = rows.shape[0]
     w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)
-    q = tl.reshape(nibbles_f16(w, 8, opaque_zero(N)) - 1024.0, (R, 8, 32))
-    return scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q)
+    q = nibbles_f16_fragments(w, row_zero(rows)[:, None, None]) - 1024.0  # [R, c, i, s1, s0, half]
+    sc, mn = scales_mins(P2, j, rows, mask, N)  # sub-block 2c + s0
+    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
+    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
+    dl = tl.reshape(dl, (R, 4, 1, 1, 2, 1))
+    ml = tl.reshape(ml, (R, 4, 1, 1, 2, 1))
+    return fragment_order_256(q * dl - ml)
 
 
 @register("Q4_K", 256, ("d", "dmin", "scales", "qs"), dot=q4_k_dot, dot_parts=(1, 2, 4),
-          dequant_f16=q4_k_f16)
+          dequant_f16=q4_k_f16, f16_nibble_run=-1)
 @triton.jit
 def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P3, j, rows, mask, N, 128), 4, 4)

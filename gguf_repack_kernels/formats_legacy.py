@@ -4,13 +4,15 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    byte_pairs_f16,
     bytes_f16,
-    concat,
+    f16_halves,
     field_bytes,
     field_f16,
     field_h,
     field_run,
     field_word,
+    fragment_order_32,
     mac4,
     mac_bytes,
     mac_nibbles,
@@ -18,6 +20,7 @@ from .fields import (
     nibbles_f16,
     opaque_zero,
     row_word,
+    row_zero,
     scale_f16,
     shr,
     spread4,
@@ -130,17 +133,20 @@ def q5_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 @triton.jit
 def five_bit_f16(qh_plane, qs_plane, j, rows, mask, N):
-    """Q5_0/Q5_1's 32 five-bit values as 1024 + each, float16 [R, 32] in ggml's order: byte b
-    of qs word c holds weights 4c + b (low nibble) and 16 + 4c + b (high), whose fifth bits,
-    qh bits 4c + b and 16 + 4c + b, spread4 puts above each byte's nibble; the bytes then go
-    to float16 a word at a time (fields.bytes_f16)."""
-    z = opaque_zero(N)
+    """Q5_0/Q5_1's 32 five-bit values as 1024 + each, float16 [R, 32] in the fragment order
+    of a 32-weight block (fields.fragment_order_32, tile_columns(32, -1)): byte b of qs word
+    c holds weights 4c + b (low nibble, j = 0) and 16 + 4c + b (high, j = 1), whose fifth
+    bits, qh bits 4c + b and 16 + 4c + b, spread4 puts above each byte's nibble; then the
+    bytes go to float16 two at a time (fields.byte_pairs_f16). Each thread of an MMA fragment
+    takes one word: its bytes reach the tensor cores in registers."""
+    z = row_zero(rows)[:, None]
     w = field_run(qs_plane, j, rows, mask, N, 4, 0, 4, tl.int32)  # [R, 4]
-    qh = field_word(qh_plane, j, rows, mask, N, 1, 0).to(tl.uint32, bitcast=True)[:, None]
-    at = 4 * tl.arange(0, 4)[None, :]  # word c's first fifth bit (logical shifts: unsigned)
-    low = (w & 0x0F0F0F0F) | spread4((qh >> at).to(tl.int32, bitcast=True))
-    high = (shr(w, 4) & 0x0F0F0F0F) | spread4((qh >> (16 + at)).to(tl.int32, bitcast=True))
-    return concat(bytes_f16(low, z), bytes_f16(high, z))
+    qh = field_word(qh_plane, j, rows, mask, N, 1, 0).to(tl.uint32, bitcast=True)[:, None, None]
+    c = tl.arange(0, 4)[None, :, None]
+    high = tl.arange(0, 2)[None, None, :]  # j
+    q = ((shr(w[:, :, None], 4 * high) & 0x0F0F0F0F)
+         | spread4((qh >> (4 * c + 16 * high)).to(tl.int32, bitcast=True)))  # [R, c, j]
+    return fragment_order_32(f16_halves(byte_pairs_f16(q, z[:, :, None])))  # [R, c, j, h, half]
 
 
 @triton.jit
@@ -149,7 +155,7 @@ def q5_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return field_h(P0, j, rows, mask, N) * (five_bit_f16(P1, P2, j, rows, mask, N) - 1040.0)
 
 
-@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_f16=q5_0_f16)
+@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_f16=q5_0_f16, f16_nibble_run=-1)
 @triton.jit
 def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -163,7 +169,8 @@ def q5_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return field_h(P0, j, rows, mask, N) * q + field_h(P1, j, rows, mask, N)
 
 
-@register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_f16=q5_1_f16)
+@register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_f16=q5_1_f16,
+          f16_nibble_run=-1)
 @triton.jit
 def q5_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

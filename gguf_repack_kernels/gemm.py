@@ -64,6 +64,10 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
     cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
+    # rows past M and N read row M - 1 and N - 1 again (never stored): loads without a mask
+    xms = tl.minimum(ms, M - 1)
+    wrows = tl.minimum(rows, N - 1)
+    every = tl.full(rows.shape, 1, tl.int1)
     if SWAP:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
@@ -75,9 +79,8 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
     for i in range(0, B // (SPLIT_K * STEP_BLOCKS)):
         for b in tl.static_range(STEP_BLOCKS):
             j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
-            w = DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
-            x = tl.load(X + ms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
-                        mask=(ms < M)[:, None], other=0.0)
+            w = DQ(P0, P1, P2, P3, P4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
+            x = tl.load(X + xms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
             acc = tile_product(acc, x, w, IEEE, SWAP)
     offsets = ms[:, None].to(tl.int64) * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]

@@ -124,6 +124,11 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
     cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
+    # padding slots read x's row 0 and rows past N row N - 1 (never stored): loads without a
+    # mask, as gemm.py's
+    xrows = tl.maximum(x_rows, 0)
+    wrows = tl.minimum(rows, N - 1)
+    every = tl.full(rows.shape, 1, tl.int1)
     p0, p1, p2, p3, p4 = P0 + e * S0, P1 + e * S1, P2 + e * S2, P3 + e * S3, P4 + e * S4
     if SWAP:  # the weight tile as the MMA's A operand (gemm.py, configs.swap_ab)
         acc = tl.zeros((BN, BM), dtype=tl.float32)
@@ -132,9 +137,8 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     for i in range(0, steps):  # STEP_BLOCKS block columns a step (gemm.py)
         for b in tl.static_range(STEP_BLOCKS):
             j = i * STEP_BLOCKS + b
-            w = DQ(p0, p1, p2, p3, p4, TABLE, j, rows, mask, N)  # [BN, BLOCK]
-            x = tl.load(X + x_rows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :],
-                        mask=live[:, None], other=0.0)
+            w = DQ(p0, p1, p2, p3, p4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
+            x = tl.load(X + xrows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
             acc = tile_product(acc, x, w, IEEE, SWAP)
     out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
     tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])

@@ -33,7 +33,13 @@ differs, within the GEMM's tolerance). It spares the GEMM converting every weigh
 and back, which is most of what it issues at small M. A float16 function that looks its
 nibbles up in place (fields.lookup16_nibbles) returns the block's weights in nibble-group
 order, not ggml's: `f16_nibble_run` says so (the bytes' runs), and the GEMM reads x in that
-order (fields.tile_columns).
+order (fields.tile_columns). `f16_nibble_run` = -1 is the fragment order (Q4_K, Q5_0, Q5_1,
+IQ4_NL):
+the weights ordered so that each thread of an MMA fragment, which holds k = 2c, 2c + 1,
+2c + 8 and 2c + 9 of every 16 (c = lane % 4), takes its weights from the c-th quarter of the
+block's bytes alone (fields.fragment_order_256, fragment_order_32): it unpacks its own words,
+with the scales of its own sub-blocks, and nothing moves between threads or through shared
+memory on the way to the tensor cores.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class Format:
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
     x_int8: bool = False  # its dot function multiplies x quantized per 32 to int8
     dequant_f16: object = None  # the fused GEMM's dequant for float16 x, see above
-    f16_nibble_run: int = 0  # its columns' order: 0 ggml's, else nibble groups, see above
+    f16_nibble_run: int = 0  # its columns' order: 0 ggml's, -1 fragments, else nibble groups (above)
 
     @property
     def x_stride(self) -> int:

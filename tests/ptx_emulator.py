@@ -75,6 +75,8 @@ def run(ptx: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             r = v[0] | v[1]
         elif op == "shr.u32":
             r = v[0] >> v[1]
+        elif op == "shr.s32":
+            r = (v[0].view(np.int32) >> v[1].view(np.int32)).view(U32)
         elif op == "shl.b32":
             r = v[0] << v[1]
         elif op == "prmt.b32":

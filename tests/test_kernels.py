@@ -617,6 +617,42 @@ def test_nibbles_f16_is_1024_plus_each_nibble_in_ggml_order(n, run, rng):
     assert np.array_equal(got.numpy().astype(np.float64), expected)
 
 
+def test_lookup16_bytes_ptx_gives_the_table_for_every_code_in_every_byte():
+    """fields.lookup16_bytes's inline PTX (IQ4_NL's float16 dequant function; the table in
+    registers), run by tests/ptx_emulator.py for all 16**4 words of 4 codes, each byte's high
+    nibble anything (15 - code): byte k of the result is gguf-py's kvalue of code k, + 128, as
+    an unsigned byte. And the two PTX lines that put it under float16's exponent and make the
+    per-thread zero (fields.byte_pairs_f16, row_zero)."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.fields import (
+        BYTE_PAIR_F16_PTX,
+        LOOKUP16_BYTES_PTX,
+        ROW_ZERO_PTX,
+        lookup16_words,
+    )
+
+    values = [int(v) for v in gguf.quants.IQ4_NL.kvalues]
+    codes = np.arange(16 ** 4, dtype=np.uint32)
+    c = [(codes >> (4 * k)) & 15 for k in range(4)]
+    word = sum((ck | (15 - ck) << 4) << (8 * k) for k, ck in enumerate(c))
+    table = {f"${i + 2}": np.full_like(codes, w & 0xFFFFFFFF) for i, w in enumerate(lookup16_words(values))}
+    got = run(LOOKUP16_BYTES_PTX.value, {"$1": word, **table})["$0"]
+    for k in range(4):
+        assert np.array_equal((got >> (8 * k)) & 0xFF, (np.array(values)[c[k]] + 128) & 0xFF), k
+    # bytes 2h, 2h + 1 under float16's exponent of 1024: selector 0x4140 + 0x202 h
+    rng = np.random.default_rng(0)
+    words = rng.integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    for h in (0, 1):
+        pair = run(BYTE_PAIR_F16_PTX.value, {"$1": words, "$2": np.full_like(words, 0x64646464),
+                                             "$3": np.full_like(words, 0x4140 + 0x202 * h)})["$0"]
+        halves = pair.view(np.float16).reshape(-1, 2).astype(np.float64)
+        assert np.array_equal(halves[:, 0], 1024 + ((words >> (16 * h)) & 0xFF))
+        assert np.array_equal(halves[:, 1], 1024 + ((words >> (16 * h + 8)) & 0xFF))
+    rows = rng.integers(0, 2 ** 31, 4096, dtype=np.uint64).astype(np.uint32)
+    assert not run(ROW_ZERO_PTX.value, {"$1": rows})["$0"].any()
+
+
 @pytest.mark.parametrize("table", ["IQ4_NL kvalues", "E2M1 doubled"])
 def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
     """fields.lookup16's inline PTX, float32 and float16 (what a GPU runs; the interpreter reads
@@ -682,6 +718,27 @@ def test_the_gemm_reads_x_in_the_nibble_group_order():
     assert tile_order(64, 8) == [s * 16 + c for s in range(4)
                                  for c in (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)]
     assert tile_order(256, 16) == [32 * r + c for r in range(8) for c in tile_order(32, 16)]
+
+
+@pytest.mark.parametrize("block, runs", [(32, 4), (256, 4)])
+def test_the_gemm_reads_x_in_the_fragment_order(block, runs):
+    """The fragment order (f16_nibble_run = -1: Q5_0, Q5_1 with 32-weight blocks, Q4_K with
+    256): an MMA fragment's thread c (lane % 4) holds k = 2c, 2c + 1, 2c + 8, 2c + 9 of each
+    16 (PTX ISA, mma.m16n8k16's A and B fragments, wgmma's A in registers alike). Read
+    through tile_columns, every such k is a weight whose nibble lies in the c-th quarter of
+    the block's bytes (a qs word of Q5_0, a 32-byte run of Q4_K: byte b holds weights b and
+    b + 16 there, 64c + b and 64c + b + 32 here), so that each thread unpacks its own bytes
+    only; each register's pair of halves is two adjacent weights (x read 4 bytes at a time);
+    a permutation of the block."""
+    order = tile_order(block, -1)
+    assert sorted(order) == list(range(block))
+    quarter = block // 8  # bytes of nibbles a thread owns: 4 of Q5_0's 16, 32 of Q4_K's 128
+    half = block // 2 if block == 32 else 32  # a byte's high nibble is this many weights on
+    for k, weight in enumerate(order):
+        c = (k // 2) % 4
+        byte = weight % half + (weight // (2 * half)) * half if block == 256 else weight % half
+        assert byte // quarter == c, (k, weight, byte)
+    assert all(order[k + 1] == order[k] + 1 for k in range(0, block, 2))
 
 
 @pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16 is not None])

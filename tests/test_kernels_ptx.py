@@ -43,6 +43,16 @@ def test_every_family_and_type_compiled_for_both_archs(ptx_rows):
 # against thousands of loop instructions.
 KNOWN_SPILLS = {("gemm", 80), ("gemv (raw GGUF blocks)", 90)}
 GEMV_EPILOGUE_SPILLS = {("Q4_K", 80), ("IQ2_XXS", 80)}
+# Likewise Q4_1's BM = 16 tile at sm_90, at the 64 registers ptxas gives it since the tiles load
+# without masks (gemm.py): two words of thread-id arithmetic, stored before the K loop and
+# loaded after it, once a program
+TILE_EPILOGUE_SPILLS = {("Q4_1", "gemm_m16", 90)}
+
+
+def spills_outside_the_loop_only(r) -> bool:
+    """A known few bytes parked in local memory outside the K loop: none inside it."""
+    return (r["type"], r["family"], r["arch"]) in TILE_EPILOGUE_SPILLS and r["spills"] <= 16 \
+        and not {"LDL", "STL"} & set(r["loop_opcodes"])
 
 
 def test_no_local_memory_spills(ptx_rows):
@@ -50,7 +60,8 @@ def test_no_local_memory_spills(ptx_rows):
     assert gemv and all(not {"LDL", "STL"} & set(r["loop_opcodes"]) for r in gemv)
     spilled = [(r["type"], r["family"], r["arch"]) for r in ptx_rows
                if r["spills"] and (r["family"], r["arch"]) not in KNOWN_SPILLS
-               and not (r in gemv and (r["type"], r["arch"]) in GEMV_EPILOGUE_SPILLS and r["spills"] <= 16)]
+               and not (r in gemv and (r["type"], r["arch"]) in GEMV_EPILOGUE_SPILLS and r["spills"] <= 16)
+               and not spills_outside_the_loop_only(r)]
     assert spilled == []
     known = {(r["type"], r["family"]) for r in ptx_rows if r["spills"]}
     assert {t for t, f in known if "raw" in f} <= {"Q5_K"}
@@ -178,12 +189,15 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
 # (K steps of four 32-weight blocks: configs.gemm_step_blocks, BENCHMARKS.md "K steps")
 # (FP4 from its codes' bits, a word at a time, and the scales looked up: e2m1_f16 in
 # formats_other.py, BENCHMARKS.md "FP4 from its bits": MXFP4 0.50 -> 0.60, NVFP4 0.53 -> 0.62)
-GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.8, "Q8_0": 0.95, "Q4_K": 0.75,
-                   "MXFP4": 0.6, "NVFP4": 0.6}
+# Q4_K, Q5_0, Q5_1 and IQ4_NL in the fragment order (registry.py; BENCHMARKS.md "Each thread
+# its own bytes"): Q4_K 0.77 -> 0.88, Q5_0 0.82 -> 1.0
+GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q8_0": 0.95,
+                   "Q4_K": 0.85, "IQ4_NL": 0.75, "MXFP4": 0.6, "NVFP4": 0.6}
 # and the BM = 64 tile (the default `gemm` family at sm_90), the swapped one on a wgmma: the
 # FP4 weights from their bits reach it in registers (looked up in nibble-group order they went
 # through shared memory, 128 stores a step): MXFP4 0.46 -> 0.59, NVFP4 0.57 -> 0.71
-GEMM_M64_FLOORS = {"MXFP4": 0.58, "NVFP4": 0.68}
+GEMM_M64_FLOORS = {"MXFP4": 0.58, "NVFP4": 0.68, "Q4_K": 0.75, "Q5_K": 0.85, "Q5_0": 0.9, "Q5_1": 0.95,
+                   "IQ4_NL": 0.65}
 
 
 def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
@@ -191,7 +205,7 @@ def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
         rows = {r["type"]: r for r in ptx_rows if r["family"] == family and r["arch"] == 90}
         for name, floor in floors.items():
             r = rows[name]
-            assert r["config"]["BM"] == bm and r["spills"] == 0, r
+            assert r["config"]["BM"] == bm and (r["spills"] == 0 or spills_outside_the_loop_only(r)), r
             assert r["bandwidth_bound"] >= floor, (name, family, r["bandwidth_bound"], r["loop_opcodes"])
 
 
@@ -456,14 +470,14 @@ def test_every_launched_tile_fits_its_devices_shared_memory(ptx_rows):
 # Issue #31's batch sweep, for the types most GGUF files hold, by the optimistic estimate of
 # scripts/inspect_kernels.py --batch-sweep (sm_90 SASS; BENCHMARKS.md "Batched decode
 # kernels"): what the kernels reach today, held so that no change slips back. At all three
-# shapes: never slower than fp16 from M = 1 to configs.FUSED_MAX_M (64), and at M <= 16 these
-# fractions of the ideal (today 0.78-0.89 for Q4_0, 0.67-0.77 Q4_K, 0.73-0.81 Q5_K, 0.98-1.00
-# Q6_K, 1.00 Q8_0; the goal is 0.8). Past 64, dequantize+matmul, as an H200 measured it
+# shapes: never slower than fp16 from M = 1 to configs.FUSED_MAX_M (64), and there these
+# fractions of the ideal (today, M = 1-64: 0.92-1.0 for Q4_0, 0.83-0.99 Q4_K, 0.84-0.96 Q5_K,
+# 1.00 Q6_K and Q8_0; the goal is 0.8). Past 64, dequantize+matmul, as an H200 measured it
 # faster than the tiles (BENCHMARKS.md "GPU"), at 0.35x fp16 or more by the estimate (the H200:
 # 0.49-0.59x at 128-256, 0.74-0.80x at 1024). The estimates of the tiles are not timings:
 # the H200 ran the M = 1 GEMV at about fp16's speed, where they say 1.9-3.6x.
 SWEEP_TYPES = ["Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"]
-SWEEP_IDEAL_FLOORS = {"Q4_0": 0.85, "Q4_K": 0.65, "Q5_K": 0.7, "Q6_K": 0.95, "Q8_0": 0.95}
+SWEEP_IDEAL_FLOORS = {"Q4_0": 0.9, "Q4_K": 0.8, "Q5_K": 0.8, "Q6_K": 0.95, "Q8_0": 0.95}
 
 
 @pytest.mark.slow
@@ -484,5 +498,5 @@ def test_batch_sweep_holds_the_batched_decode_floors(tmp_path):
             assert r["speedup_vs_fp16"] >= 1.0, r
         else:
             assert r["path"] == "dequantize+matmul" and r["speedup_vs_fp16"] >= 0.35, r
-        if r["M"] <= 16:
+        if r["M"] <= kernels.configs.FUSED_MAX_M:
             assert r["fraction_of_ideal"] >= SWEEP_IDEAL_FLOORS[r["type"]], r
