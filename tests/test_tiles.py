@@ -194,3 +194,20 @@ def test_k_is_split_for_the_busiest_sm_not_for_a_count_of_programs():
     assert configs.gemm_config("Q4_K", 256, 16, 14336, blocks, h200, torch.float16)["SPLIT_K"] == 8
     cfg = configs.gemm_config("Q4_K", 256, 64, 14336, blocks, h200, torch.float16)
     assert (cfg["BM"], cfg["BN"], cfg["SPLIT_K"]) == (64, 64, 4)
+
+
+def test_the_decode_gemv_splits_k_for_the_busiest_sm_too():
+    """configs.gemv_dot_config at M = 1 on an H200: split until 2 programs an SM, then further
+    where the last wave fills better (configs.wave_fill). 4096 rows of Q4_0 (8 tiles of 512
+    rows): 64, 512 programs, as before; the FFN's 14336 (28 tiles): 16 would run 448
+    programs, 4 on the busiest SM where the average is 3.4; 32 runs 896 (0.97). Q4_K's 256-row
+    tiles (2 rows a thread): 56 tiles, 8 -> 16."""
+    h200 = configs.KNOWN_DEVICES[90]
+    for name, block, n, k, split in (("Q4_0", 32, 4096, 4096, 64), ("Q4_0", 32, 14336, 4096, 32),
+                                     ("Q4_0", 32, 4096, 14336, 64), ("Q4_K", 256, 4096, 4096, 16),
+                                     ("Q4_K", 256, 14336, 4096, 16), ("Q4_K", 256, 4096, 14336, 32)):
+        cfg = configs.gemv_dot_config(name, 1, n, k // block, h200, torch.float16)
+        assert cfg["SPLIT_K"] == split, (name, n, k, cfg)
+        assert configs.wave_fill(-(-n // cfg["BN"]) * split, h200.sms) >= 0.96, (name, n, k, cfg)
+    # a tile that says its split keeps it (the tuner's K-whole candidates)
+    assert configs.gemv_dot_config("Q4_0", 1, 14336, 128, h200, torch.float16, {"SPLIT_K": 1})["SPLIT_K"] == 1
