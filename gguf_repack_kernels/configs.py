@@ -600,8 +600,16 @@ def gemm_split_k(tiles: int, steps: int, programs_per_sm: int, sms: int) -> int:
     split_k = 1
     while tiles * split_k * 2 <= programs_per_sm * sms and steps % (2 * split_k) == 0:
         split_k *= 2
+    return split_for_the_last_wave(split_k, tiles, 4 * programs_per_sm * sms, sms,
+                                   lambda split: steps % split == 0)
+
+
+def split_for_the_last_wave(split_k: int, tiles: int, most_programs: int, sms: int, allowed) -> int:
+    """`split_k` doubled, while `tiles` x it stays within `most_programs` and allowed(split) holds,
+    to the split whose last wave fills the SMs best, by WAVE_GAIN or more over the one before
+    (wave_fill): the fused GEMM's split (gemm_split_k) and the GEMV's (gemv_dot_config)."""
     best, more = split_k, split_k * 2
-    while tiles * more <= 4 * programs_per_sm * sms and steps % more == 0:
+    while tiles * more <= most_programs and allowed(more):
         if wave_fill(tiles * more, sms) >= wave_fill(tiles * best, sms) + WAVE_GAIN:
             best = more
         more *= 2
@@ -671,12 +679,8 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
         # then, as the fused GEMM's split (gemm_split_k), further where the last wave of
         # programs fills the SMs better: 14336 rows of Q4_0 (28 tiles of 512 rows) split 16
         # ways leave the busiest SM 4 programs where the average is 3.4 (0.85); 32, 0.97
-        best, more = split_k, split_k * 2
-        while tiles * m * more <= 4 * programs_per_sm * device.sms and more <= steps:
-            if wave_fill(tiles * m * more, device.sms) >= wave_fill(tiles * m * best, device.sms) + WAVE_GAIN:
-                best = more
-            more *= 2
-        split_k = best
+        split_k = split_for_the_last_wave(split_k, tiles * m, 4 * programs_per_sm * device.sms,
+                                          device.sms, lambda split: split <= steps)
     return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps, "STAGES": cfg.get("STAGES", 1)}
 
 
