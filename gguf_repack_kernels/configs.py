@@ -460,11 +460,13 @@ def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
 #   (Triton reuses some of it at sm_80-89 and sm_120: up to 40% less was measured).
 # The estimate equals the compiles' count for float32 and sm_90 and bounds the rest (the
 # slow test, tests/test_kernels_ptx.py, holds every launched tile to it).
+# (With a word a row for each 16-bit scale the dequant function reads in words,
+# fields.field16_in_word: those the pipeline now copies ahead too.)
 SHARED_ROW_BYTES = {
-    "IQ1_M": 264, "IQ1_S": 272, "IQ2_S": 298, "IQ2_XS": 394, "IQ2_XXS": 448, "IQ3_S": 294,
-    "IQ3_XXS": 416, "IQ4_NL": 16, "IQ4_XS": 132, "MXFP4": 16, "NVFP4": 36, "Q2_K": 80,
-    "Q3_K": 112, "Q4_0": 16, "Q4_1": 16, "Q4_K": 144, "Q5_0": 20, "Q5_1": 20, "Q5_K": 176,
-    "Q6_K": 208, "Q8_0": 32, "TQ1_0": 48, "TQ2_0": 64}
+    "IQ1_M": 268, "IQ1_S": 276, "IQ2_S": 302, "IQ2_XS": 398, "IQ2_XXS": 452, "IQ3_S": 298,
+    "IQ3_XXS": 420, "IQ4_NL": 20, "IQ4_XS": 140, "MXFP4": 16, "NVFP4": 36, "Q2_K": 88,
+    "Q3_K": 116, "Q4_0": 20, "Q4_1": 24, "Q4_K": 152, "Q5_0": 24, "Q5_1": 28, "Q5_K": 184,
+    "Q6_K": 212, "Q8_0": 36, "TQ1_0": 48, "TQ2_0": 64}
 
 
 def shared_memory_estimate(type_name: str, block_size: int, bm: int, bn: int, num_stages: int,

@@ -55,11 +55,29 @@ def _deterministic(cfg: dict) -> dict:
 def _plane_args(planes: dict[str, torch.Tensor], fmt: Format) -> list[torch.Tensor]:
     """P0..P4 and TABLE: the planes in the format's order (contiguous [B, N, count]), padded
     with any valid pointer; the lookup table, or again any valid pointer."""
-    args = [planes[f].contiguous() for f in fmt.fields]
+    args = [_whole_words(planes[f].contiguous()) for f in fmt.fields]
     device = args[0].device
     args += [args[0]] * (MAX_PLANES - len(args))
     args.append(fmt.table(device) if fmt.table is not None else args[0])
     return args
+
+
+def _whole_words(plane: torch.Tensor) -> torch.Tensor:
+    """A contiguous plane [..., B, N, count] that starts on a 32-bit word and whose every
+    [B, N, count] (each expert's) is a whole number of words: as it is, or copied so, each
+    expert a word apart (a 16-bit scale field at an odd B x N, which an odd K / block size
+    and an odd N make, or a plane viewed at a 2-byte offset). The dequant functions read a
+    16-bit scale as the aligned word that holds it (fields.field16_in_word), which would start
+    mid-word in every other expert and run past the plane's end. The copy is of scales
+    alone, once a call, and only for such shapes."""
+    per_lead = plane.shape[-3:].numel()
+    if per_lead * plane.element_size() % 4 == 0 and plane.data_ptr() % 4 == 0:
+        return plane
+    flat = plane.reshape(-1, per_lead)
+    words = -(-per_lead * plane.element_size() // 4)
+    padded = flat.new_zeros(flat.shape[0], words * 4 // plane.element_size())
+    padded[:, :per_lead] = flat
+    return padded if plane.dim() > 3 else padded[0]
 
 
 def _split(shape, fmt):

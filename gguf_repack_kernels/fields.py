@@ -37,11 +37,65 @@ def field_bytes(P, j, rows, mask, N, COUNT: tl.constexpr):
 
 
 @triton.jit
+def field16_in_word(P, j, rows, mask, N):
+    """A field of one 16-bit scalar per block (a scale) as int32 [len(rows)], the scalar in
+    its low half: read as the aligned 32-bit word that holds it. A tile's rows then load 4
+    bytes a thread, which Triton's pipeliner copies ahead asynchronously; it takes no load
+    under 32 bits a thread, and a float16 scale a row, loaded alone, was a synchronous load
+    in every K step of the fused tiles: a full memory latency each (BENCHMARKS.md, "Scales
+    in words"). The launcher makes every plane a whole number of words an expert
+    (dispatch._plane_args)."""
+    at = j * N + rows  # (int32, then int64, as every plane's index)
+    word = tl.load(P.to(tl.pointer_type(tl.int32)) + (at >> 1).to(tl.int64), mask=mask, other=0)
+    # at's parity: that of j * N (j's and N's) and the row's; the row's part stays out of the
+    # K loop, where at's own would cost an add a row a step
+    odd = (rows ^ (j & N)) & 1
+    return word >> (odd * 16)
+
+
+@triton.jit
+def field16_pair_in_words(PA, PB, j, rows, mask, N):
+    """Two fields of one 16-bit scalar per block (a scale and a min), each as
+    field16_in_word's int32 [len(rows)], read in one [len(rows), 2] load of the two words:
+    one tensor, so Triton gives both scalars one layout. Loaded apart in words, Q4_K's
+    float16 tiles had their scales computed in the swapped tile's replicated fragment layout
+    (sm_90, the BM = 32 tile: 586 -> 2105 instructions a step, spilling); together, 613."""
+    at = j * N + rows
+    first = tl.arange(0, 2)[None, :] == 0
+    planes = tl.where(first, PA.to(tl.pointer_type(tl.int32)), PB.to(tl.pointer_type(tl.int32)))
+    words = tl.load(planes + (at >> 1).to(tl.int64)[:, None], mask=mask[:, None], other=0)
+    # (the parity as field16_in_word's)
+    return tl.split(words >> (((rows ^ (j & N)) & 1) * 16)[:, None])
+
+
+@triton.jit
+def f16_half(w):
+    """The float16 in the low half of int32 w."""
+    return w.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def f16_of_word(w):
+    """The float16 in the low half of int32 w, as float32."""
+    return f16_half(w).to(tl.float32)
+
+
+@triton.jit
 def field_f16(P, j, rows, mask, N):
-    """A float16 scale field as float32 [len(rows), 1]."""
+    """A float16 scale field as float32 [len(rows), 1], one float16 a row: a synchronous load
+    in a K loop. For the float32 dequant functions of the 32-weight types, IQ4_NL and the
+    ternary ones (the tiles' for bfloat16 x): read in words (field_f16_words), Triton lays
+    their whole weight tile out anew and sends it through shared memory (Q4_0's BM = 16 tile:
+    923 -> 1231 instructions a step, sm_90)."""
     base = (j * N + rows).to(tl.int64)
     ptr = P.to(tl.pointer_type(tl.float16)) + base
     return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)[:, None]
+
+
+@triton.jit
+def field_f16_words(P, j, rows, mask, N):
+    """field_f16 read in words (field16_in_word): copied ahead by the pipeliner."""
+    return f16_of_word(field16_in_word(P, j, rows, mask, N))[:, None]
 
 
 @triton.jit
@@ -61,8 +115,7 @@ def concat(a, b):
 @triton.jit
 def field_h(P, j, rows, mask, N):
     """A float16 scale field as float16 [len(rows), 1] (for the fp16 dequant functions)."""
-    base = (j * N + rows).to(tl.int64)
-    return tl.load(P.to(tl.pointer_type(tl.float16)) + base, mask=mask, other=0.0)[:, None]
+    return f16_half(field16_in_word(P, j, rows, mask, N))[:, None]
 
 
 # --- nibbles to float16 a word at a time (the fused GEMM's float16 dequant functions) -----

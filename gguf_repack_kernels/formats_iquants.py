@@ -30,7 +30,9 @@ from .fields import (
     dot4,
     f16_halves,
     field,
+    field16_in_word,
     field_f16,
+    field_f16_words,
     field_h,
     field_run,
     fragment_order_32,
@@ -295,8 +297,8 @@ def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
 def iq4_xs_scales(P0, P1, P2, j, rows, mask, N):
     """d times each sub-block's 6-bit scale less 32 (low 4 bits in scales_l, high 2 in
     scales_h), float32 [R, 8]."""
-    d = field_f16(P0, j, rows, mask, N)
-    hi = bitfields(field(P1, j, rows, mask, N, 1, tl.uint16), 2, 8, 0x03)
+    d = field_f16_words(P0, j, rows, mask, N)
+    hi = bitfields(field16_in_word(P1, j, rows, mask, N)[:, None], 2, 8, 0x03)  # (bits 0-15)
     lo = bitfields(field(P2, j, rows, mask, N, 1, tl.uint32), 4, 8, 0x0F)
     return d * ((lo | (hi << 4)) - 32).to(tl.float32)
 
@@ -540,7 +542,7 @@ def iq1_m_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 @triton.jit
 def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]
-    d = field_f16(P0, j, rows, mask, N)
+    d = field_f16_words(P0, j, rows, mask, N)
     # 8 groups of 32 weights in two words each: 4 grid index bytes, then an aux word holding
     # four 7-bit ksigns indices and the group's 4-bit scale on top
     idx_words, aux = tl.split(tl.reshape(field(P1, j, rows, mask, N, 16, tl.uint32), (R, 8, 2)))
@@ -552,7 +554,7 @@ def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot)
 @triton.jit
 def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    d = field_f16(P0, j, rows, mask, N)
+    d = field_f16_words(P0, j, rows, mask, N)
     q = field(P1, j, rows, mask, N, 32, tl.uint16).to(tl.int32)  # 9-bit grid, 7-bit ksigns
     db = scale_2bit(d, bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 4, 8, 0x0F))
     grid = grid_rows(TABLE, q & 0x1FF, 2, KSIGNS)
@@ -562,7 +564,7 @@ def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot)
 @triton.jit
 def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    d = field_f16(P0, j, rows, mask, N)
+    d = field_f16_words(P0, j, rows, mask, N)
     # qs: 32 grid index low bytes, then 32 sign bytes (a bit per weight); qh: 2 bits an index
     low = field_run(P1, j, rows, mask, N, 64, 0, 32, tl.uint8).to(tl.int32)
     signs = field_run(P1, j, rows, mask, N, 64, 32, 32, tl.uint8)
@@ -577,7 +579,7 @@ def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot)
 @triton.jit
 def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    d = field_f16(P0, j, rows, mask, N)
+    d = field_f16_words(P0, j, rows, mask, N)
     # qs: 64 grid index bytes, then 8 aux words as in IQ2_XXS
     idx = field_run(P1, j, rows, mask, N, 96, 0, 64, tl.uint8).to(tl.int32)
     aux = field_run(P1, j, rows, mask, N, 24, 16, 8, tl.uint32)
@@ -589,7 +591,7 @@ def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot)
 @triton.jit
 def iq3_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    d = field_f16(P0, j, rows, mask, N)
+    d = field_f16_words(P0, j, rows, mask, N)
     low = field(P1, j, rows, mask, N, 64, tl.uint8).to(tl.int32)
     idx = low | (bitfields(field(P2, j, rows, mask, N, 8, tl.uint8), 1, 8, 0x01) << 8)
     signs = sign_factors(field(P3, j, rows, mask, N, 32, tl.uint8))
@@ -617,7 +619,7 @@ def shifted(grid, negative):
           dot_parts=(1, 2), x_int8=True)
 @triton.jit
 def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    d = field_f16(P0, j, rows, mask, N)
+    d = field_f16_words(P0, j, rows, mask, N)
     # a 16-bit word per 32 weights: four 3-bit index highs, a 3-bit scale, the delta's sign
     qh = field(P2, j, rows, mask, N, 8, tl.uint16).to(tl.int32)
     dl = d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)

@@ -8,8 +8,11 @@ from .fields import (
     concat,
     dot4,
     dot4_2bit,
+    f16_of_word,
+    field16_pair_in_words,
     field_bytes,
     field_f16,
+    field_f16_words,
     field_run,
     fragment_order_256,
     mac4,
@@ -292,8 +295,8 @@ def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 @triton.jit
 def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P0, j, rows, mask, N, 16)
-    dl = field_f16(P2, j, rows, mask, N) * (sc & 15).to(tl.float32)
-    ml = field_f16(P3, j, rows, mask, N) * (sc >> 4).to(tl.float32)
+    dl = field_f16_words(P2, j, rows, mask, N) * (sc & 15).to(tl.float32)
+    ml = field_f16_words(P3, j, rows, mask, N) * (sc >> 4).to(tl.float32)
     q = bit_fields(field_bytes(P1, j, rows, mask, N, 64), 2, 2).to(tl.float32)
     return q * per_weight(dl, 16) - per_weight(ml, 16)
 
@@ -301,7 +304,7 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True)
 @triton.jit
 def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    dl = field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)
+    dl = field_f16_words(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)
     q = bit_fields(field_bytes(P1, j, rows, mask, N, 64), 2, 2)
     # A clear hmask bit is what subtracts 4: q = low - 4 * (1 - high).
     q |= bit_fields(field_bytes(P0, j, rows, mask, N, 32), 1, 1) << 2
@@ -312,8 +315,9 @@ def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 def scaled_minus_min(P0, P1, P2, j, rows, mask, N, q):
     """Q4_K/Q5_K: (d * scale) * q - dmin * min, over 8 sub-blocks of 32."""
     sc, mn = scales_mins(P2, j, rows, mask, N)
-    dl = field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)
-    ml = field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)
+    d, dmin = field16_pair_in_words(P0, P1, j, rows, mask, N)
+    dl = f16_of_word(d)[:, None] * sc.to(tl.float32)
+    ml = f16_of_word(dmin)[:, None] * mn.to(tl.float32)
     return q.to(tl.float32) * per_weight(dl, 32) - per_weight(ml, 32)
 
 
@@ -323,8 +327,9 @@ def scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q):
     once per sub-block, then one HFMA a weight pair."""
     R: tl.constexpr = q.shape[0]
     sc, mn = scales_mins(P2, j, rows, mask, N)
-    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
-    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
+    d, dmin = field16_pair_in_words(P0, P1, j, rows, mask, N)
+    dl = (f16_of_word(d)[:, None] * sc.to(tl.float32)).to(tl.float16)
+    ml = (f16_of_word(dmin)[:, None] * mn.to(tl.float32)).to(tl.float16)
     return tl.reshape(q * dl[:, :, None] - ml[:, :, None], (R, 256))
 
 
@@ -341,6 +346,9 @@ def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)
     q = nibbles_f16_fragments(w, row_zero(rows)[:, None, None]) - 1024.0  # [R, c, i, s1, s0, half]
     sc, mn = scales_mins(P2, j, rows, mask, N)  # sub-block 2c + s0
+    # d and dmin loaded alone (fields.field_f16), a memory latency each a step: read in words
+    # (field16_pair_in_words) they cost 2-8% more instructions a step, and the H200 found
+    # this tile issue-bound at M = 16, not waiting (BENCHMARKS.md "Scales in words")
     dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
     ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
     dl = tl.reshape(dl, (R, 4, 1, 1, 2, 1))
@@ -401,7 +409,7 @@ def q6_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     v = bytes_f16(tl.reshape(q6.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N))
     q = tl.reshape(v - 1056.0, (R, 16, 16))  # (1024 + q) - 1056 = q - 32, exactly
     sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)
-    dl = (field_f16(P3, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
+    dl = (field_f16_words(P3, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
     return tl.reshape(q * dl[:, :, None], (R, 256))
 
 
@@ -409,7 +417,7 @@ def q6_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @triton.jit
 def q6_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)
-    dl = field_f16(P3, j, rows, mask, N) * sc.to(tl.float32)
+    dl = field_f16_words(P3, j, rows, mask, N) * sc.to(tl.float32)
     q = bit_fields(field_bytes(P0, j, rows, mask, N, 128), 2, 4)
     q |= bit_fields(field_bytes(P1, j, rows, mask, N, 64), 2, 2) << 4
     return (q.to(tl.int32) - 32).to(tl.float32) * per_weight(dl, 16)

@@ -6,7 +6,9 @@ import triton.language as tl
 from .fields import (
     byte_pairs_f16,
     bytes_f16,
+    f16_half,
     f16_halves,
+    field16_pair_in_words,
     field_bytes,
     field_f16,
     field_h,
@@ -89,7 +91,8 @@ def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 @triton.jit
 def q4_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = nibbles_f16_block(P2, j, rows, mask, N) - 1024.0
-    return field_h(P0, j, rows, mask, N) * q + field_h(P1, j, rows, mask, N)
+    d, m = field16_pair_in_words(P0, P1, j, rows, mask, N)
+    return f16_half(d)[:, None] * q + f16_half(m)[:, None]
 
 
 @register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot, dequant_f16=q4_1_f16)
@@ -166,7 +169,8 @@ def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @triton.jit
 def q5_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = five_bit_f16(P2, P3, j, rows, mask, N) - 1024.0
-    return field_h(P0, j, rows, mask, N) * q + field_h(P1, j, rows, mask, N)
+    d, m = field16_pair_in_words(P0, P1, j, rows, mask, N)
+    return f16_half(d)[:, None] * q + f16_half(m)[:, None]
 
 
 @register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_f16=q5_1_f16,

@@ -57,6 +57,30 @@ def test_dequantize_is_bitwise_the_torch_backend(name, rng):
         assert torch.equal(kernels.dequantize(planes, name, shape, torch.bfloat16), expected.bfloat16())
 
 
+def test_every_launched_plane_is_whole_words_an_expert(rng):
+    """The dequant functions read a 16-bit scale as the aligned 32-bit word that holds it
+    (fields.field16_in_word): the launcher gives them planes that start on a word, each
+    expert's a whole number of words. An odd B x N (here 3 blocks x 37 rows) and a plane
+    viewed at a 2-byte offset are copied so, expert by expert, values unchanged; a plane
+    that is so already is passed as it is. (The interpreter reads a word anywhere: on a GPU
+    a misaligned one faults, hence this check of the arguments themselves.)"""
+    fmt = kernels.FORMATS["Q4_K"]
+    _, planes = make_planes("Q4_K", (4, 37, 3 * 256), rng)  # d and dmin: 2 bytes a block
+    args = kernels.dispatch._plane_args(planes, fmt)[:len(fmt.fields)]
+    for field, arg in zip(fmt.fields, args):
+        plane = planes[field].reshape(4, -1)
+        assert arg.data_ptr() % 4 == 0 and arg.stride(0) * arg.element_size() % 4 == 0, field
+        assert torch.equal(arg.reshape(4, -1)[:, :plane.shape[1]], plane), field
+        if plane.shape[1] * plane.element_size() % 4 == 0:
+            assert arg.data_ptr() == planes[field].data_ptr(), field  # no copy
+    assert args[0].stride(0) > planes["d"][0].numel()  # d was copied a word apart
+    buffer = torch.zeros(2 + planes["d"][0].numel() * 2, dtype=torch.uint8)
+    shifted = buffer[2:].view(torch.float16).reshape(planes["d"][0].shape)  # 2 bytes past a word
+    shifted.copy_(planes["d"][0])
+    aligned = kernels.dispatch._whole_words(shifted)
+    assert aligned.data_ptr() % 4 == 0 and torch.equal(aligned[:shifted.numel()].view(-1), shifted.view(-1))
+
+
 @pytest.mark.parametrize("name", KERNEL_TYPES)
 @pytest.mark.parametrize("k_blocks, batches", [
     (1, (1, 16)),  # the GEMV and the GEMM's M = 16 tile, one block column
