@@ -47,10 +47,15 @@ def field16_in_word(P, j, rows, mask, N):
     (dispatch._plane_args)."""
     at = j * N + rows  # (int32, then int64, as every plane's index)
     word = tl.load(P.to(tl.pointer_type(tl.int32)) + (at >> 1).to(tl.int64), mask=mask, other=0)
-    # at's parity: that of j * N (j's and N's) and the row's; the row's part stays out of the
-    # K loop, where at's own would cost an add a row a step
-    odd = (rows ^ (j & N)) & 1
-    return word >> (odd * 16)
+    return word >> half_shift(j, rows, N)
+
+
+@triton.jit
+def half_shift(j, rows, N):
+    """16 where element j * N + row of a 16-bit field is the high half of its word, else 0:
+    its parity is that of j * N (j's and N's) and the row's, so the row's part stays out of
+    the K loop, where the index's own would cost an add a row a step."""
+    return ((rows ^ (j & N)) & 1) * 16
 
 
 @triton.jit
@@ -64,8 +69,7 @@ def field16_pair_in_words(PA, PB, j, rows, mask, N):
     first = tl.arange(0, 2)[None, :] == 0
     planes = tl.where(first, PA.to(tl.pointer_type(tl.int32)), PB.to(tl.pointer_type(tl.int32)))
     words = tl.load(planes + (at >> 1).to(tl.int64)[:, None], mask=mask[:, None], other=0)
-    # (the parity as field16_in_word's)
-    return tl.split(words >> (((rows ^ (j & N)) & 1) * 16)[:, None])
+    return tl.split(words >> half_shift(j, rows, N)[:, None])
 
 
 @triton.jit
