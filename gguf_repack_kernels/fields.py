@@ -258,6 +258,40 @@ def byte_pairs_f16(w, Z):
             dtype=tl.int32, is_pure=True, pack=1)
 
 
+# byte_pairs_f16's PRMT, then the pair less a bias and times a scale, both float16 pairs: in
+# one asm statement because as tensor operations after f16_halves' join (a subtraction and a
+# product with a per-row or per-sub-block scale) Triton lays the weight tile out anew and
+# sends it through shared memory (IQ4_XS's BM = 16 tile: 2,029 instructions a step and
+# spills, against 669 here; a constant factor alone does not do it)
+BYTE_PAIR_SCALED_F16_PTX = tl.constexpr(
+    "{ .reg .b32 t; prmt.b32 t, $1, $2, $3; sub.f16x2 t, t, $4; mul.f16x2 $0, t, $5; }")
+
+
+@triton.jit
+def byte_pairs_scaled_f16(w, Z, scale, BIAS: tl.constexpr):
+    """int32 [R, n] -> int32 [R, n, 2]: byte_pairs_f16's pair h of each word, each half less
+    BIAS (exactly: 1024 + byte - BIAS is a small integer) and times `scale` (float16 [R, n],
+    or one that broadcasts to it), rounded once. Z: row_zero, [R, 1]."""
+    h = tl.arange(0, 2)[None, None, :]
+    s = scale.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    s = (s | (s << 16))[:, :, None]
+    bias = tl.full((1,), BIAS, tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    bias = (bias | (bias << 16))[None, None, :] + Z[:, :, None]
+    if INTERPRETED:
+        b = shr(w[:, :, None], 16 * h)
+        pair = (b & 0xFF) | ((b << 8) & 0xFF0000) | (0x64006400 + Z[:, :, None])
+        sh = f16_half(s)
+        lo = (f16_half(pair) - BIAS) * sh
+        hi = (f16_half(shr(pair, 16)) - BIAS) * sh
+        return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
+            | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    else:
+        return tl.inline_asm_elementwise(
+            BYTE_PAIR_SCALED_F16_PTX, "=r,r,r,r,r,r",
+            [w[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, s],
+            dtype=tl.int32, is_pure=True, pack=1)
+
+
 @triton.jit
 def nibbles(b):
     """uint8 [R, n] -> [R, 2n]: every byte's low nibble, then every high one (ggml's order)."""

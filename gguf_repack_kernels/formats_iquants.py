@@ -26,6 +26,7 @@ from .fields import (
     bf16_pair_words,
     bits_at,
     byte_pairs_f16,
+    byte_pairs_scaled_f16,
     concat,
     dot4,
     f16_halves,
@@ -36,6 +37,7 @@ from .fields import (
     field_h,
     field_run,
     fragment_order_32,
+    fragment_order_256,
     lookup16,
     lookup16_bytes,
     lookup16_nibbles,
@@ -313,8 +315,35 @@ def iq4_xs_codes(P3, j, rows, mask, N):
 
 @triton.jit
 def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    # d times the sub-block's scale is rounded to float16, then times the value: two
-    # roundings where the float32 function has one (within the GEMM's tolerance)
+    """IQ4_XS for the fused GEMM's tiles of BM <= 32 with float16 x, in Q4_K's fragment order
+    (fields.fragment_order_256): an MMA fragment's thread c unpacks qs bytes 32c..32c+31,
+    sub-blocks 2c and 2c + 1 (8 runs of 16 bytes, each an IQ4_NL block's nibbles), looked
+    up as iq4_nl_f16 looks up (4 codes a word, two bytes a PRMT under float16's exponent, 1152
+    off exactly, here with the scale in the same asm: fields.byte_pairs_scaled_f16). Word
+    i = 4 ihi + ilo of the thread's 8 holds, in nibble s0, weights 64c + 32 ihi + 16 s0 +
+    4 ilo + byte: Q4_K's word 4 s0 + ilo, nibble ihi, so one permutation of the thread's own
+    registers puts them where tile_columns(256, -1) reads x. d times the sub-block's scale is
+    rounded to float16, then times the value: two roundings where the float32 function has
+    one (within the GEMM's tolerance)."""
+    R: tl.constexpr = rows.shape[0]
+    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)  # [R, 8]: sub-block 2c + ihi
+    z = row_zero(rows)[:, None]
+    w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)  # [R, 32]
+    codes = tl.reshape(shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :]), (R, 64))  # [R, (word, s0)]
+    b = lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z)
+    scale = tl.reshape(tl.broadcast_to(dl[:, :, None], (R, 8, 8)), (R, 64))
+    q = f16_halves(byte_pairs_scaled_f16(b, z, scale, 1152.0))  # [R, (c, ihi, ilo, s0), s1, half]
+    q = tl.reshape(q, (R, 4, 2, 4, 2, 2, 2))
+    # [R, c, ihi, ilo, s0, s1, half] -> Q4_K's [R, c, i' = 4 s0 + ilo, s1, s0' = ihi, half]
+    return fragment_order_256(tl.reshape(tl.permute(q, (0, 1, 4, 3, 5, 2, 6)), (R, 4, 8, 2, 2, 2)))
+
+
+@triton.jit
+def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ4_XS for the fused GEMM's tiles of BM >= 64 with float16 x, in nibble-group order:
+    there iq4_xs_f16's lookups in registers, beside the 64-row accumulator, spill (sm_90, 56
+    bytes in the K loop), and this one's trip through shared memory does not. d times the
+    sub-block's scale is rounded to float16, then times the value, as iq4_xs_f16."""
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)
     # in nibble-group order (registry.py): sub-block s is still columns 32s..32s+31
     q = lookup16_nibbles(field(P3, j, rows, mask, N, 128, tl.uint8), TABLE, KVALUES_F16_PTX,
@@ -323,7 +352,8 @@ def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
-          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16, f16_nibble_run=16)
+          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16, f16_nibble_run=-1,
+          wide_f16=(iq4_xs_f16_nibble_groups, 16))
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N)

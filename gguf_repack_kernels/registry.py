@@ -39,7 +39,9 @@ the weights ordered so that each thread of an MMA fragment, which holds k = 2c, 
 2c + 8 and 2c + 9 of every 16 (c = lane % 4), takes its weights from the c-th quarter of the
 block's bytes alone (fields.fragment_order_256, fragment_order_32): it unpacks its own words,
 with the scales of its own sub-blocks, and nothing moves between threads or through shared
-memory on the way to the tensor cores.
+memory on the way to the tensor cores. Where that function needs more registers than a
+64-row tile's accumulator leaves (IQ4_XS's lookups), `wide_f16` names the one the tiles of
+BM >= 64 take, with its order.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Format:
     x_int8: bool = False  # its dot function multiplies x quantized per 32 to int8
     dequant_f16: object = None  # the fused GEMM's dequant for float16 x, see above
     f16_nibble_run: int = 0  # its columns' order: 0 ggml's, -1 fragments, else nibble groups (above)
+    # (function, its f16_nibble_run) for the tiles of BM >= 64, where dequant_f16 spills there
+    wide_f16: tuple[object, int] | None = None
 
     @property
     def x_stride(self) -> int:
@@ -78,14 +82,14 @@ FORMATS: dict[str, Format] = {}
 def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
              dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_f16=None,
-             f16_nibble_run: int = 0):
+             f16_nibble_run: int = 0, wide_f16: tuple[object, int] | None = None):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
     def wrap(fn):
         assert name not in FORMATS, name
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
-                               dequant_f16, f16_nibble_run)
+                               dequant_f16, f16_nibble_run, wide_f16)
         return fn
 
     return wrap

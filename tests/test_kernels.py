@@ -765,8 +765,9 @@ def test_the_gemm_reads_x_in_the_fragment_order(block, runs):
     assert all(order[k + 1] == order[k] + 1 for k in range(0, block, 2))
 
 
-@pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16 is not None])
-def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
+@pytest.mark.parametrize("name, wide", [(n, False) for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16]
+                         + [(n, True) for n in KERNEL_TYPES if kernels.FORMATS[n].wide_f16])
+def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
     Q5_0, Q8_0, IQ4_NL, NVFP4), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
@@ -776,7 +777,8 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
     the sub-block's scale, then the product: within two roundings; Q4_K and Q5_K round
     d * scale and dmin * min, then d * scale * q - dmin * min. A function that keeps its
     nibbles in place returns them in nibble-group order (registry.py): compared in that
-    order (fields.tile_columns, held to it by the test above)."""
+    order (fields.tile_columns, held to it by the test above). The same of a type's wide_f16,
+    the function its tiles of BM >= 64 take (IQ4_XS)."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
@@ -789,14 +791,15 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, rng):
         n = 256
         qtype, planes = make_planes(name, (n, k), rng)
         planes["e"][..., 0] = torch.arange(256, dtype=torch.uint8)
-    order = torch.tensor(tile_order(qtype.block_size, fmt.f16_nibble_run))
+    function, run = fmt.wide_f16 if wide else (fmt.dequant_f16, fmt.f16_nibble_run)
+    order = torch.tensor(tile_order(qtype.block_size, run))
     exact = dequantize_planes(planes, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
     expected = exact.half()
     got = torch.empty(n, k, dtype=torch.float16)
     with np.errstate(over="ignore"):  # MXFP4's largest scales: infinite weights, as expected
         _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), got, n,
                                                        BLOCK=qtype.block_size, BN=256 if n > 64 else 64,
-                                                       DQ=fmt.dequant_f16)
+                                                       DQ=function)
     eps = torch.finfo(torch.float16).eps
     if name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
