@@ -234,7 +234,8 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'Q2_K': (
-        (8, 'gemv'),
+        (4, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),

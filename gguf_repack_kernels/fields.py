@@ -541,11 +541,15 @@ def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
     its high ones 2*RUN*r + RUN + i): for RUN = 16, 0-3, 16-19, 4-7, 20-23, ... x is read in
     that order at no cost; only its loads narrow to 4 elements. RUN = -1: the fragment order
     of fragment_order_32 or fragment_order_256, by BLOCK (registry.py); x's loads narrow to
-    pairs of elements there."""
+    pairs of elements there. RUN = -2: the fragment order of Q2_K's 2-bit fields."""
     c = tl.arange(0, BLOCK)
-    if RUN < 0 and BLOCK == 256:  # fragment order (fragment_order_256)
+    if RUN == -1 and BLOCK == 256:  # fragment order (fragment_order_256)
         c = (64 * ((c // 2) % 4) + 32 * ((c // 8) % 2) + 4 * (c // 32) + 2 * ((c // 16) % 2)
              + c % 2)
+    elif RUN == -2:  # 2-bit fragment order (formats_kquants.q2_k_f16): thread t, word i, field k
+        t = (c // 2) % 4
+        g = c // 16  # 4i + k
+        c = 128 * (t // 2) + 32 * (g % 4) + 16 * (t % 2) + 4 * (g // 4) + 2 * ((c // 8) % 2) + c % 2
     elif RUN < 0:  # fragment order of a 32-weight block (fragment_order_32)
         c = 16 * (c // 16) + 4 * ((c // 2) % 4) + 2 * ((c // 8) % 2) + c % 2
     elif RUN > 0:

@@ -8,6 +8,7 @@ from .fields import (
     concat,
     dot4,
     dot4_2bit,
+    f16_halves,
     f16_of_word,
     field16_pair_in_words,
     field_bytes,
@@ -23,6 +24,7 @@ from .fields import (
     row_zero,
     scale_f16,
     shr,
+    swap_middle_bytes,
     words4,
     x8_scale,
     x8_words,
@@ -290,8 +292,42 @@ def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
     return scale_f16(P3, j, rows, mask, N) * acc
 
 
+@triton.jit
+def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """Q2_K for the fused GEMM's tiles of BM <= 32 with float16 x, in the 2-bit fragment order
+    (fields.tile_columns, RUN = -2): an MMA fragment's thread c unpacks qs bytes 16c..16c+15,
+    a word at a time (bytes l = 16 (c % 2)... of half n = c // 2; field k of byte l is
+    weight 128n + 32k + l, of sub-block 8n + 2k + c % 2), so it needs 4 of the 16 scales and
+    mins. Two fields a shift and a LOP3 under float16's exponent, as fields.nibbles_f16_
+    fragments unpacks nibbles; d * scale and dmin * min rounded to float16 once a sub-block,
+    then one HFMA a pair, as q4_k_f16 (and as there, d and dmin loaded alone)."""
+    R: tl.constexpr = rows.shape[0]
+    w = tl.reshape(field_run(P1, j, rows, mask, N, 16, 0, 16, tl.int32), (R, 4, 4))  # [R, c, i]
+    Z = row_zero(rows)[:, None, None, None]
+    t = swap_middle_bytes(w)[:, :, :, None]  # a byte pair's fields 16 bits apart
+    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
+    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (0x64006400 + Z)
+    q = tl.reshape(f16_halves(v), (R, 4, 4, 4, 2, 2)) - 1024.0  # [R, c, i, k, s1, half]
+    # The weight tile still reaches the MMA through shared memory (sm_90, BM = 16: 16 STS.128
+    # a step): with scales that vary by sub-block, Triton's hoisting of the MMA operand's
+    # layout back to the loads stops at a value that is not a load or a constant
+    # (TRITON_LLVM_DEBUG_ONLY=tritongpu-remove-layout-conversions names it; without scales
+    # this unpacking is 301 instructions a step in registers). The scale bytes joined from
+    # two loads: 718 -> 655; d and dmin in words: 767 (BENCHMARKS.md "Q2_K in float16").
+    sc = concat(field_run(P0, j, rows, mask, N, 16, 0, 8, tl.uint8),
+                field_run(P0, j, rows, mask, N, 16, 8, 8, tl.uint8))  # sub-block 8n + 2k + c % 2
+    dl = (field_f16(P2, j, rows, mask, N) * (sc & 15).to(tl.float32)).to(tl.float16)
+    ml = (field_f16(P3, j, rows, mask, N) * (sc >> 4).to(tl.float32)).to(tl.float16)
+    # [R, (n, k, c % 2)] -> [R, c, 1, k, 1, 1]
+    dl = tl.reshape(tl.permute(tl.reshape(dl, (R, 2, 4, 2)), (0, 1, 3, 2)), (R, 4, 1, 4, 1, 1))
+    ml = tl.reshape(tl.permute(tl.reshape(ml, (R, 2, 4, 2)), (0, 1, 3, 2)), (R, 4, 1, 4, 1, 1))
+    # [R, c, i, k, s1, half] -> column 16 (4i + k) + 8 s1 + 2c + half: fragment_order_256's
+    # permutation of the same registers
+    return fragment_order_256(tl.reshape(q * dl - ml, (R, 4, 8, 2, 2, 2)))
+
+
 @register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2),
-          x_int8=True)
+          x_int8=True, dequant_f16=q2_k_f16, f16_nibble_run=-2, wide_f16="float32")
 @triton.jit
 def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P0, j, rows, mask, N, 16)

@@ -40,8 +40,8 @@ the weights ordered so that each thread of an MMA fragment, which holds k = 2c, 
 block's bytes alone (fields.fragment_order_256, fragment_order_32): it unpacks its own words,
 with the scales of its own sub-blocks, and nothing moves between threads or through shared
 memory on the way to the tensor cores. Where that function needs more registers than a
-64-row tile's accumulator leaves (IQ4_XS's lookups), `wide_f16` names the one the tiles of
-BM >= 64 take, with its order.
+64-row tile's accumulator leaves (IQ4_XS's lookups, Q2_K), `wide_f16` names the one the
+tiles of BM >= 64 take, with its order ("float32": the type's float32 function).
 """
 
 from __future__ import annotations
@@ -82,14 +82,15 @@ FORMATS: dict[str, Format] = {}
 def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
              dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_f16=None,
-             f16_nibble_run: int = 0, wide_f16: tuple[object, int] | None = None):
+             f16_nibble_run: int = 0, wide_f16: tuple[object, int] | str | None = None):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
     def wrap(fn):
         assert name not in FORMATS, name
+        wide = (fn, 0) if wide_f16 == "float32" else wide_f16
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
-                               dequant_f16, f16_nibble_run, wide_f16)
+                               dequant_f16, f16_nibble_run, wide)
         return fn
 
     return wrap

@@ -765,6 +765,18 @@ def test_the_gemm_reads_x_in_the_fragment_order(block, runs):
     assert all(order[k + 1] == order[k] + 1 for k in range(0, block, 2))
 
 
+def test_the_gemm_reads_x_in_q2_ks_fragment_order():
+    """Q2_K's fragment order (f16_nibble_run = -2): thread c (lane % 4) of an MMA fragment
+    holds k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16; read through tile_columns, each is a
+    weight whose 2-bit field lies in qs bytes 16c..16c+15 (weight 128n + 32k + l is in byte
+    32n + l), its pairs adjacent weights, a permutation of the block."""
+    order = tile_order(256, -2)
+    assert sorted(order) == list(range(256))
+    for k, weight in enumerate(order):
+        assert (32 * (weight // 128) + weight % 32) // 16 == (k // 2) % 4, (k, weight)
+    assert all(order[k + 1] == order[k] + 1 for k in range(0, 256, 2))
+
+
 @pytest.mark.parametrize("name, wide", [(n, False) for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16]
                          + [(n, True) for n in KERNEL_TYPES if kernels.FORMATS[n].wide_f16])
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng):
@@ -774,7 +786,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
     outside float16's range, where the weights are 0 or infinite). Where a min is added (Q4_1,
     Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and the interpreter rounds d * q
     first: within those two roundings, of d * q and of the sum. IQ4_XS and Q6_K round d times
-    the sub-block's scale, then the product: within two roundings; Q4_K and Q5_K round
+    the sub-block's scale, then the product: within two roundings; Q4_K, Q5_K and Q2_K round
     d * scale and dmin * min, then d * scale * q - dmin * min. A function that keeps its
     nibbles in place returns them in nibble-group order (registry.py): compared in that
     order (fields.tile_columns, held to it by the test above). The same of a type's wide_f16,
@@ -783,7 +795,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K",
-            "Q5_K", "Q6_K"} == {n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
+            "Q5_K", "Q6_K", "Q2_K"} == {n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -806,7 +818,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
     elif name in ("IQ4_XS", "Q6_K"):
         # d times the sub-block's scale rounded to float16, then its product with q
         assert ((got.float() - exact).abs() <= 2 * eps * exact.abs() + 2 ** -24).all()
-    elif name in ("Q4_K", "Q5_K"):
+    elif name in ("Q4_K", "Q5_K", "Q2_K"):
         # (d * scale) and (dmin * min) rounded to float16 once a sub-block, then one HFMA:
         # within a rounding of each term and one of the result (d * scale * q, from the
         # planes with dmin zeroed; the min's term is what it leaves of the weight)
