@@ -242,7 +242,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'Q3_K': (
-        (6, 'gemv'),
+        (4, 'gemv'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),

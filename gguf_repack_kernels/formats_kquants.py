@@ -337,7 +337,41 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return q * per_weight(dl, 16) - per_weight(ml, 16)
 
 
-@register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True)
+@triton.jit
+def q3_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """Q3_K for the fused GEMM's tiles of BM <= 32 with float16 x, in Q2_K's fragment order
+    (q2_k_f16: the same low 2 bits in qs), each field's high bit from hmask (bit 4n + k of
+    byte l for weight 128n + 32k + l; thread c reads hmask bytes 16 (c % 2)...) put at bit
+    2, then 1028 off exactly. d times the sub-block's scale is rounded to float16, then
+    times the value: two roundings where the float32 function has one (within the GEMM's
+    tolerance), as Q6_K's and IQ4_XS's float16 functions."""
+    R: tl.constexpr = rows.shape[0]
+    w = tl.reshape(field_run(P1, j, rows, mask, N, 16, 0, 16, tl.int32), (R, 4, 4))  # [R, c, i]
+    c = tl.arange(0, 4)[None, :, None]
+    word = 4 * (c % 2) + tl.arange(0, 4)[None, None, :]  # thread c's hmask words
+    hm = tl.load(P0.to(tl.pointer_type(tl.int32)) + (j * N + rows).to(tl.int64)[:, None, None] * 8 + word,
+                 mask=mask[:, None, None], other=0)
+    Z = row_zero(rows)[:, None, None, None]
+    t = swap_middle_bytes(w)[:, :, :, None]  # a byte pair's fields 16 bits apart
+    # the bits of half n = c // 2 moved down to bits 0-3 (+ 8 s1), then up by 2: field k's
+    # high bit is then bit k + 8 s1 + 2 of a byte pair's half
+    th = (shr(swap_middle_bytes(hm), 4 * (c // 2)) << 2)[:, :, :, None]
+    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1)
+    k = s // 2
+    s1 = s % 2
+    high = (th >> (k + 8 * s1)) & (0x00040004 + Z) | (0x64006400 + Z)
+    v = (t >> (2 * k + 8 * s1)) & (0x00030003 + Z) | high
+    q = tl.reshape(f16_halves(v), (R, 4, 4, 4, 2, 2)) - 1028.0  # [R, c, i, k, s1, half]
+    # d loaded alone (a memory latency a step): read in words (field_f16_words) the tile spilled
+    # (sm_90, BM = 16: 2549 instructions a step against 970)
+    dl = (field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)).to(tl.float16)
+    # [R, (n, k, c % 2)] -> [R, c, 1, k, 1, 1]
+    dl = tl.reshape(tl.permute(tl.reshape(dl, (R, 2, 4, 2)), (0, 1, 3, 2)), (R, 4, 1, 4, 1, 1))
+    return fragment_order_256(tl.reshape(q * dl, (R, 4, 8, 2, 2, 2)))
+
+
+@register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True,
+          dequant_f16=q3_k_f16, f16_nibble_run=-2, wide_f16="float32")
 @triton.jit
 def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = field_f16_words(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)

@@ -785,7 +785,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
     Q5_0, Q8_0, IQ4_NL, NVFP4), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
     outside float16's range, where the weights are 0 or infinite). Where a min is added (Q4_1,
     Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and the interpreter rounds d * q
-    first: within those two roundings, of d * q and of the sum. IQ4_XS and Q6_K round d times
+    first: within those two roundings, of d * q and of the sum. IQ4_XS, Q6_K and Q3_K round d times
     the sub-block's scale, then the product: within two roundings; Q4_K, Q5_K and Q2_K round
     d * scale and dmin * min, then d * scale * q - dmin * min. A function that keeps its
     nibbles in place returns them in nibble-group order (registry.py): compared in that
@@ -795,7 +795,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K",
-            "Q5_K", "Q6_K", "Q2_K"} == {n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
+            "Q5_K", "Q6_K", "Q2_K", "Q3_K"} == {n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -815,7 +815,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
     eps = torch.finfo(torch.float16).eps
     if name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    elif name in ("IQ4_XS", "Q6_K"):
+    elif name in ("IQ4_XS", "Q6_K", "Q3_K"):
         # d times the sub-block's scale rounded to float16, then its product with q
         assert ((got.float() - exact).abs() <= 2 * eps * exact.abs() + 2 ** -24).all()
     elif name in ("Q4_K", "Q5_K", "Q2_K"):
