@@ -293,6 +293,24 @@ def q6_k_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
+def qs_fragment_words(P, j, rows, mask, N):
+    """Q2_K's and Q3_K's 64 qs bytes for their fragment order (q2_k_f16), as
+    swap_middle_bytes' words [R, c, i, 1]: thread c's word i is qs word 4c + i, a byte pair's
+    fields 16 bits apart."""
+    R: tl.constexpr = rows.shape[0]
+    w = tl.reshape(field_run(P, j, rows, mask, N, 16, 0, 16, tl.int32), (R, 4, 4))
+    return swap_middle_bytes(w)[:, :, :, None]
+
+
+@triton.jit
+def by_thread_and_field(x):
+    """[R, 16] by Q2_K's and Q3_K's sub-block 8n + 2k + c % 2 -> [R, c, 1, k, 1, 1], to scale
+    their fragment order's [R, c, i, k, s1, half] (q2_k_f16)."""
+    R: tl.constexpr = x.shape[0]
+    return tl.reshape(tl.permute(tl.reshape(x, (R, 2, 4, 2)), (0, 1, 3, 2)), (R, 4, 1, 4, 1, 1))
+
+
+@triton.jit
 def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     """Q2_K for the fused GEMM's tiles of BM <= 32 with float16 x, in the 2-bit fragment order
     (fields.tile_columns, RUN = -2): an MMA fragment's thread c unpacks qs bytes 16c..16c+15,
@@ -302,9 +320,8 @@ def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     fragments unpacks nibbles; d * scale and dmin * min rounded to float16 once a sub-block,
     then one HFMA a pair, as q4_k_f16 (and as there, d and dmin loaded alone)."""
     R: tl.constexpr = rows.shape[0]
-    w = tl.reshape(field_run(P1, j, rows, mask, N, 16, 0, 16, tl.int32), (R, 4, 4))  # [R, c, i]
+    t = qs_fragment_words(P1, j, rows, mask, N)
     Z = row_zero(rows)[:, None, None, None]
-    t = swap_middle_bytes(w)[:, :, :, None]  # a byte pair's fields 16 bits apart
     s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
     v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (0x64006400 + Z)
     q = tl.reshape(f16_halves(v), (R, 4, 4, 4, 2, 2)) - 1024.0  # [R, c, i, k, s1, half]
@@ -318,12 +335,10 @@ def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
                 field_run(P0, j, rows, mask, N, 16, 8, 8, tl.uint8))  # sub-block 8n + 2k + c % 2
     dl = (field_f16(P2, j, rows, mask, N) * (sc & 15).to(tl.float32)).to(tl.float16)
     ml = (field_f16(P3, j, rows, mask, N) * (sc >> 4).to(tl.float32)).to(tl.float16)
-    # [R, (n, k, c % 2)] -> [R, c, 1, k, 1, 1]
-    dl = tl.reshape(tl.permute(tl.reshape(dl, (R, 2, 4, 2)), (0, 1, 3, 2)), (R, 4, 1, 4, 1, 1))
-    ml = tl.reshape(tl.permute(tl.reshape(ml, (R, 2, 4, 2)), (0, 1, 3, 2)), (R, 4, 1, 4, 1, 1))
     # [R, c, i, k, s1, half] -> column 16 (4i + k) + 8 s1 + 2c + half: fragment_order_256's
     # permutation of the same registers
-    return fragment_order_256(tl.reshape(q * dl - ml, (R, 4, 8, 2, 2, 2)))
+    q = q * by_thread_and_field(dl) - by_thread_and_field(ml)
+    return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
 
 
 @register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2),
@@ -346,13 +361,12 @@ def q3_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     times the value: two roundings where the float32 function has one (within the GEMM's
     tolerance), as Q6_K's and IQ4_XS's float16 functions."""
     R: tl.constexpr = rows.shape[0]
-    w = tl.reshape(field_run(P1, j, rows, mask, N, 16, 0, 16, tl.int32), (R, 4, 4))  # [R, c, i]
+    t = qs_fragment_words(P1, j, rows, mask, N)
     c = tl.arange(0, 4)[None, :, None]
     word = 4 * (c % 2) + tl.arange(0, 4)[None, None, :]  # thread c's hmask words
     hm = tl.load(P0.to(tl.pointer_type(tl.int32)) + (j * N + rows).to(tl.int64)[:, None, None] * 8 + word,
                  mask=mask[:, None, None], other=0)
     Z = row_zero(rows)[:, None, None, None]
-    t = swap_middle_bytes(w)[:, :, :, None]  # a byte pair's fields 16 bits apart
     # the bits of half n = c // 2 moved down to bits 0-3 (+ 8 s1), then up by 2: field k's
     # high bit is then bit k + 8 s1 + 2 of a byte pair's half
     th = (shr(swap_middle_bytes(hm), 4 * (c // 2)) << 2)[:, :, :, None]
@@ -365,9 +379,7 @@ def q3_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # d loaded alone (a memory latency a step): read in words (field_f16_words) the tile spilled
     # (sm_90, BM = 16: 2549 instructions a step against 970)
     dl = (field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)).to(tl.float16)
-    # [R, (n, k, c % 2)] -> [R, c, 1, k, 1, 1]
-    dl = tl.reshape(tl.permute(tl.reshape(dl, (R, 2, 4, 2)), (0, 1, 3, 2)), (R, 4, 1, 4, 1, 1))
-    return fragment_order_256(tl.reshape(q * dl, (R, 4, 8, 2, 2, 2)))
+    return fragment_order_256(tl.reshape(q * by_thread_and_field(dl), (R, 4, 8, 2, 2, 2)))
 
 
 @register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True,
