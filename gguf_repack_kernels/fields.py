@@ -277,12 +277,10 @@ def byte_pairs_scaled_f16(w, Z, scale, BIAS: tl.constexpr):
     s = (s | (s << 16))[:, :, None]
     bias = tl.full((1,), BIAS, tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     bias = (bias | (bias << 16))[None, None, :] + Z[:, :, None]
-    if INTERPRETED:
-        b = shr(w[:, :, None], 16 * h)
-        pair = (b & 0xFF) | ((b << 8) & 0xFF0000) | (0x64006400 + Z[:, :, None])
-        sh = f16_half(s)
-        lo = (f16_half(pair) - BIAS) * sh
-        hi = (f16_half(shr(pair, 16)) - BIAS) * sh
+    if INTERPRETED:  # byte_pairs_f16's pairs, then the float16 arithmetic the PTX does
+        pair = tl.reshape(byte_pairs_f16(w[:, :, None], Z[:, :, None]), (w.shape[0], w.shape[1], 2))
+        lo = (f16_half(pair) - BIAS) * f16_half(s)
+        hi = (f16_half(shr(pair, 16)) - BIAS) * f16_half(s)
         return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
             | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
     else:
