@@ -190,21 +190,25 @@ def e2m1_f16(w, RUN: tl.constexpr, Z):
     codes' bits, a word at a time, as fields.nibbles_f16 unpacks nibbles: a code is a
     float16 of its own, its sign bit put at bit 15 and its 2 exponent and 1 mantissa bits at
     bits 11-9 giving its value times 2**-14 exactly (E2M1's exponent 0 is float16's
-    subnormal: 0.5 * 2**-14); three shifts and two LOP3s a pair of codes, then one HFMA2,
-    times 2**15 plus +0.0 (which turns code 8's -0.0 into +0.0). Against a lookup (lookup16:
-    13 instructions for 4 codes and 2 moves of its table; and an order of its own, in which
-    the weight tile went through shared memory on its way to a wgmma), sm_90 SASS:
-    BENCHMARKS.md "FP4 from its bits". Z: opaque_zero (keeps the two masks in registers)."""
+    subnormal: 0.5 * 2**-14); two shifts (one for the top pair of a word) and two LOP3s a
+    pair of codes, then one HFMA2, times 2**15 plus +0.0 (which turns code 8's -0.0 into
+    +0.0). Against a lookup (lookup16: 13 instructions for 4 codes and 2 moves of its table;
+    and an order of its own, in which the weight tile went through shared memory on its way
+    to a wgmma), sm_90 SASS: BENCHMARKS.md "FP4 from its bits". Z: opaque_zero (keeps the
+    two masks in registers)."""
     R: tl.constexpr = w.shape[0]
     n: tl.constexpr = w.shape[1]
     t = swap_middle_bytes(w)[:, :, None, None]  # bytes 0, 2, 1, 3: a pair's codes 16 bits apart
     high = tl.arange(0, 2)[None, None, :, None]  # low or high nibbles
     pair = tl.arange(0, 2)[None, None, None, :]  # bytes 0, 1 or 2, 3 of the word
-    # the pair's codes at bits 0-3 and 16-19 (the bits an arithmetic shift fills in are masked
-    # off below: bit 19 is the highest read). Written as four explicit shifts joined, the
-    # tile's layout changed and sent MXFP4's weights through shared memory again.
-    u = t >> (4 * high + 8 * pair)
-    v = ((u << 9) & (0x0E000E00 + Z)) | ((u << 12) & (-0x7FFF8000 + Z))  # 0x80008000
+    # the pair's codes at bits 12-15 and 28-31, their sign bits where float16's are: the
+    # exponent and mantissa bits are those 3 below, shifted 3 right (one shift from where
+    # they lie in t, where first shifting each pair to bits 0-3 and then to its two places
+    # took three: 19 -> 15 integer instructions a word, MXFP4's BM = 32 tile 771 -> 707 a
+    # step). Written as four explicit shifts joined, the tile's layout changed and sent
+    # MXFP4's weights through shared memory again.
+    top = t << (12 - 4 * high - 8 * pair)
+    v = (top & (-0x7FFF8000 + Z)) | ((top >> 3) & (0x0E000E00 + Z))  # 0x80008000
     q = f16_halves(v) * 32768.0 + 0.0
     q = tl.reshape(q, (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
