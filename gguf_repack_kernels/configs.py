@@ -179,25 +179,21 @@ MATMUL_RULE: dict[str, tuple] = {
     'IQ1_S': ((8, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'IQ2_S': ((3, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'IQ2_XS': (
-        (3, 'gemv'),
+        (2, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
+        (96, 'gemm_bm32'),
         (None, 'dequantize+matmul'),
     ),
-    'IQ2_XXS': (
-        (3, 'gemv'),
-        (16, 'gemm_bm16'),
-        (32, 'gemm_bm32'),
-        (64, 'gemm_bm64'),
-        (None, 'dequantize+matmul'),
-    ),
+    'IQ2_XXS': ((1, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ3_S': ((2, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'IQ3_XXS': (
-        (3, 'gemv'),
+        (1, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
+        (96, 'gemm_bm32'),
         (None, 'dequantize+matmul'),
     ),
     'IQ4_NL': (
@@ -393,8 +389,9 @@ GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
 # BN of the BM = 16 tile with float16 x where the type's float16 dequant function takes a
 # wider one than the float32 function can (sm_90 SASS: Q4_K 769 loop instructions for
 # 16 x 64 x 256, 1271 for 16 x 128, 0.65 -> 0.79 of the bytes' bound, 192 registers, no
-# spills; the float32 function spills at BN = 128 with float32 x)
-GEMM_M16_BN_F16 = {"Q4_K": 128}
+# spills; the float32 function spills at BN = 128 with float32 x; IQ3_XXS's float16 function
+# 0.24 -> 0.40 at 64, BENCHMARKS.md "The grid types in float16")
+GEMM_M16_BN_F16 = {"Q4_K": 128, "IQ3_XXS": 64}
 
 
 # The types whose BM = 32 and 64 tiles, with float16 or bfloat16 x, take the weight tile as
@@ -402,8 +399,9 @@ GEMM_M16_BN_F16 = {"Q4_K": 128}
 # wgmma from registers (sm_90 SASS, fp16 x, the fraction of the bytes' bound its issue allows
 # per tile, BENCHMARKS.md "Batched decode kernels"). Not for float32 x: its IEEE dot runs on FMAs, and the
 # swapped 64 x 64 tile spills (Q4_K: 14,240 bytes).
-SWAP_AB_TYPES = frozenset(["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1",
-                           "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0"])
+SWAP_AB_TYPES = frozenset(["IQ2_XS", "IQ2_XXS", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K",
+                           "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0",
+                           "TQ2_0"])
 
 
 # The swapped BM = 128 tile (where MATMUL_RULE takes "gemm_bm128": one pass over the weight
@@ -414,13 +412,20 @@ SWAP_AB_TYPES = frozenset(["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K",
 # both (IQ4_XS: 34 / 55 bytes); it takes BM = 64 there.
 BM128_SPILLS = frozenset(["IQ4_XS"])
 BM128_NARROW = frozenset(["Q6_K"])
+# Swapped at BM = 32 with float16 x only (their float16 functions): the grid types' swapped
+# 64-row tiles spill (sm_90, fp16 x: IQ2_XXS 72 bytes with its float16 function, 31 with the
+# float32 one), and so do their swapped 32-row ones with the float32 function (bfloat16 x:
+# 11-38 bytes); their plain tiles with the float32 function do not (IQ2_XXS's BM = 64: 904
+# instructions a step; BENCHMARKS.md "The grid types in float16")
+SWAP_AB_F16_BM32_ONLY = frozenset(["IQ2_XS", "IQ2_XXS", "IQ3_XXS"])
 
 
 def swap_ab(type_name: str, bm: int, dtype) -> bool:
     """Whether the BM-row tile for x of `dtype` multiplies w @ x.T (see above). BM = 128 is a
     swapped tile only."""
     return (bm >= 32 and type_name in SWAP_AB_TYPES and act_name(dtype) != "fp32"
-            and not (bm == 128 and type_name in BM128_SPILLS))
+            and not (bm == 128 and type_name in BM128_SPILLS)
+            and not (type_name in SWAP_AB_F16_BM32_ONLY and (bm > 32 or act_name(dtype) != "fp16")))
 
 
 def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:

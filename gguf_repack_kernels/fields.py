@@ -268,25 +268,36 @@ BYTE_PAIR_SCALED_F16_PTX = tl.constexpr(
 
 
 @triton.jit
+def f16_pair_word(x):
+    """float16 [...] -> int32 [...]: x in both halves of a word (a float16 pair)."""
+    bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return bits | (bits << 16)
+
+
+@triton.jit
 def byte_pairs_scaled_f16(w, Z, scale, BIAS: tl.constexpr):
     """int32 [R, n] -> int32 [R, n, 2]: byte_pairs_f16's pair h of each word, each half less
     BIAS (exactly: 1024 + byte - BIAS is a small integer) and times `scale` (float16 [R, n],
     or one that broadcasts to it), rounded once. Z: row_zero, [R, 1]."""
+    return byte_pairs_times_f16(w, Z, f16_pair_word(scale)[:, :, None], BIAS)
+
+
+@triton.jit
+def byte_pairs_times_f16(w, Z, scales, BIAS: tl.constexpr):
+    """byte_pairs_scaled_f16 with a scale for each half: `scales` int32 [R, n, 2] (or one
+    that broadcasts to it), float16 pairs, pair h's for pair h of each word."""
     h = tl.arange(0, 2)[None, None, :]
-    s = scale.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    s = (s | (s << 16))[:, :, None]
-    bias = tl.full((1,), BIAS, tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    bias = (bias | (bias << 16))[None, None, :] + Z[:, :, None]
+    bias = f16_pair_word(tl.full((1,), BIAS, tl.float16))[None, None, :] + Z[:, :, None]
     if INTERPRETED:  # byte_pairs_f16's pairs, then the float16 arithmetic the PTX does
         pair = tl.reshape(byte_pairs_f16(w[:, :, None], Z[:, :, None]), (w.shape[0], w.shape[1], 2))
-        lo = (f16_half(pair) - BIAS) * f16_half(s)
-        hi = (f16_half(shr(pair, 16)) - BIAS) * f16_half(s)
+        lo = (f16_half(pair) - BIAS) * f16_half(scales)
+        hi = (f16_half(shr(pair, 16)) - BIAS) * f16_half(shr(scales, 16))
         return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
             | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
     else:
         return tl.inline_asm_elementwise(
             BYTE_PAIR_SCALED_F16_PTX, "=r,r,r,r,r,r",
-            [w[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, s],
+            [w[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, scales],
             dtype=tl.int32, is_pure=True, pack=1)
 
 
@@ -539,11 +550,15 @@ def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
     its high ones 2*RUN*r + RUN + i): for RUN = 16, 0-3, 16-19, 4-7, 20-23, ... x is read in
     that order at no cost; only its loads narrow to 4 elements. RUN = -1: the fragment order
     of fragment_order_32 or fragment_order_256, by BLOCK (registry.py); x's loads narrow to
-    pairs of elements there. RUN = -2: the fragment order of Q2_K's 2-bit fields."""
+    pairs of elements there. RUN = -2: the fragment order of Q2_K's 2-bit fields. RUN = -3:
+    the fragment order of 8-weight grid rows, thread c (k = 2c, 2c + 1, 2c + 8, 2c + 9 of
+    each 16) taking row c of each 32 weights."""
     c = tl.arange(0, BLOCK)
     if RUN == -1 and BLOCK == 256:  # fragment order (fragment_order_256)
         c = (64 * ((c // 2) % 4) + 32 * ((c // 8) % 2) + 4 * (c // 32) + 2 * ((c // 16) % 2)
              + c % 2)
+    elif RUN == -3:  # 8-weight rows' fragment order (formats_iquants.signed_grid8_f16)
+        c = 32 * (c // 32) + 8 * ((c // 2) % 4) + 4 * ((c // 16) % 2) + 2 * ((c // 8) % 2) + c % 2
     elif RUN == -2:  # 2-bit fragment order (formats_kquants.q2_k_f16): thread t, word i, field k
         t = (c // 2) % 4
         g = c // 16  # 4i + k

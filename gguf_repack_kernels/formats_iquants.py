@@ -23,13 +23,16 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    INTERPRETED,
     bf16_pair_words,
     bits_at,
     byte_pairs_f16,
     byte_pairs_scaled_f16,
+    byte_pairs_times_f16,
     concat,
     dot4,
     f16_halves,
+    f16_pair_word,
     field,
     field16_in_word,
     field_f16,
@@ -568,7 +571,79 @@ def iq1_m_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 # -- 2-bit lattices, 8 weights per grid row --------------------------------------------
 
 
-@register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot)
+@triton.jit
+def ksign_words(idx):
+    """7-bit ksigns indices, int32 [R, n] -> int32 [R, n, 4]: word w holds the sign of weight
+    2w at bit 15 and of weight 2w + 1 at bit 31, where a float16 pair has them. ksigns[i] is
+    i with its parity at bit 7; that byte times 2**(15 - 2w) + 2**(30 - 2w) puts its bit 2w
+    at 15 and bit 2w + 1 at 31 (the two copies do not overlap): a POPC and a few operations
+    an index, then one IMAD a word, where a table's sign words cost a gather of 16 bytes
+    every 8 weights, through the L1 and shared memory."""
+    if INTERPRETED:
+        p = idx ^ (idx >> 4)
+        p = p ^ (p >> 2)
+        parity = (p ^ (p >> 1)) & 1
+    else:
+        parity = tl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [idx], dtype=tl.int32,
+                                           is_pure=True, pack=1) & 1
+    s = (idx | (parity << 7))[:, :, None]
+    w = tl.arange(0, 4)[None, None, :]
+    return (s * ((1 << (15 - 2 * w)) + (1 << (30 - 2 * w)))) & -0x7FFF8000  # 0x80008000
+
+
+@triton.jit
+def grid_words(TABLE, idx, WORDS: tl.constexpr):
+    """Grid row numbers [R, n] -> int32 [R, 8n / (4 WORDS), 2]: the rows of a grid of 4 WORDS
+    signed bytes a row (the dequant's part, at KSIGNS), gathered whole, as the words of each
+    run of 8 weights."""
+    table = TABLE.to(tl.pointer_type(tl.int32)) + KSIGNS
+    if WORDS == 2:
+        return tl.load(table + idx[:, :, None] * 2 + tl.arange(0, 2)[None, None, :])
+    else:  # two rows a run: gathered as [R, run, row] (a [R, rows, 1] gather reshaped sent
+        # the IQ3_XXS tile's weights through shared memory)
+        return tl.load(table + tl.reshape(idx, (idx.shape[0], idx.shape[1] // 2, 2)))
+
+
+@triton.jit
+def signed_grid8_f16(words, sidx, db, Z):
+    """Runs of 8 grid values (words [R, n, 2] of their bytes, all positive: grid_words),
+    their ksigns indices [R, n] and scales db (float16 [R, g], one per n / g runs) -> float16
+    [R, 8n] in the 8-weight runs' fragment order (fields.tile_columns, RUN = -3): in each 32
+    weights, an MMA fragment's thread c (k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16) takes run
+    c, so each thread unpacks the rows it gathered itself and its weights reach the MMA from
+    registers.
+    Two bytes a PRMT under float16's exponent, 1024 off exactly, times db with the pair's
+    signs XORed in: one rounding (the grid values are small integers). Z: row_zero [R, 1].
+    The grid as bytes, 8 of them an 8-weight run through the L1 and shared memory, where
+    float16 rows (16 bytes) and sign words looked up (16 more) took fewer instructions
+    (IQ2_XXS's BM = 16 tile, sm_90, d loaded alone in both: 517 against 704 a step) but 4
+    times the bytes (BENCHMARKS.md "The grid types in float16")."""
+    R: tl.constexpr = words.shape[0]
+    n: tl.constexpr = words.shape[1]
+    G: tl.constexpr = db.shape[1]
+    signs = tl.reshape(ksign_words(sidx), (R, G, n // G, 4))  # word 2a + b: bytes 4a + 2b, +1
+    scales = tl.reshape(f16_pair_word(db)[:, :, None, None] ^ signs, (R, 2 * n, 2))
+    q = f16_halves(byte_pairs_times_f16(tl.reshape(words, (R, 2 * n)), Z, scales, 1024.0))
+    q = tl.reshape(q, (R, n // 4, 4, 2, 2, 2))  # [R, 32 weights, run c, word a, pair b, half]
+    return tl.reshape(tl.permute(q, (0, 1, 3, 4, 2, 5)), (R, 8 * n))
+
+
+@triton.jit
+def iq2_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ2_XXS for the fused GEMM with float16 x, in the 8-weight runs' fragment order
+    (signed_grid8_f16): db = d * (0.5 + scale) * 0.25 rounded to float16 once a group of 32,
+    then its product with each grid value: two roundings where the float32 function has one
+    (within the GEMM's tolerance, as IQ4_XS's)."""
+    R: tl.constexpr = rows.shape[0]
+    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
+    idx_words, aux = tl.split(tl.reshape(field(P1, j, rows, mask, N, 16, tl.uint32), (R, 8, 2)))
+    db = scale_2bit(d, aux >> 28).to(tl.float16)  # [R, 8]
+    words = grid_words(TABLE, bitfields(idx_words, 8, 4, 0xFF), 2)
+    return signed_grid8_f16(words, bitfields(aux, 7, 4, 0x7F), db, row_zero(rows)[:, None])
+
+
+@register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot,
+          dequant_f16=iq2_xxs_f16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]
@@ -581,7 +656,19 @@ def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return signed(db, grid, ksign_factors(TABLE, bitfields(aux, 7, 4, 0x7F)))
 
 
-@register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot)
+@triton.jit
+def iq2_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ2_XS for the fused GEMM with float16 x, as iq2_xxs_f16: a 16-bit field a grid row
+    (9-bit row, 7-bit ksigns index), a 4-bit scale every 16 weights."""
+    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
+    q = field(P1, j, rows, mask, N, 32, tl.uint16).to(tl.int32)
+    scales = bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 4, 8, 0x0F)
+    db = scale_2bit(d, scales).to(tl.float16)  # [R, 16]
+    return signed_grid8_f16(grid_words(TABLE, q & 0x1FF, 2), q >> 9, db, row_zero(rows)[:, None])
+
+
+@register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot,
+          dequant_f16=iq2_xs_f16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -606,7 +693,20 @@ def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 # -- 3-bit lattices, 4 weights per grid row --------------------------------------------
 
 
-@register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot)
+@triton.jit
+def iq3_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ3_XXS for the fused GEMM with float16 x, as iq2_xxs_f16: two 4-wide grid rows an
+    8-weight run, db = d * (0.5 + scale) * 0.5."""
+    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
+    idx = bitfields(field_run(P1, j, rows, mask, N, 24, 0, 16, tl.uint32), 8, 4, 0xFF)
+    aux = field_run(P1, j, rows, mask, N, 24, 16, 8, tl.uint32)
+    db = (d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5).to(tl.float16)
+    return signed_grid8_f16(grid_words(TABLE, idx, 1), bitfields(aux, 7, 4, 0x7F), db,
+                            row_zero(rows)[:, None])
+
+
+@register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot,
+          dequant_f16=iq3_xxs_f16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)

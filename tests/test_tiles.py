@@ -26,7 +26,8 @@ def default_tile(name, bm, act="fp16"):
     bn = configs.GEMM_M16_BN.get(name, 64 if block >= 256 else 128) if bm == 16 else 32
     if bm == 16 and act == "fp16" and name in configs.GEMM_M16_BN_F16:  # float16 x's wider tile
         bn = configs.GEMM_M16_BN_F16[name]
-    if bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES:  # the weight tile as A
+    if (bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES  # the weight tile as A
+            and not (name in configs.SWAP_AB_F16_BM32_ONLY and (bm > 32 or act != "fp16"))):
         bn = 64 if block >= 256 else 128
     step = max(1, 128 // block)  # a K step of 128 weights
     if bm == 128:  # swapped only; two warpgroups for 256-weight blocks (not Q6_K's: it spills)
