@@ -572,13 +572,9 @@ def iq1_m_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 
 
 @triton.jit
-def ksign_words(idx):
-    """7-bit ksigns indices, int32 [R, n] -> int32 [R, n, 4]: word w holds the sign of weight
-    2w at bit 15 and of weight 2w + 1 at bit 31, where a float16 pair has them. ksigns[i] is
-    i with its parity at bit 7; that byte times 2**(15 - 2w) + 2**(30 - 2w) puts its bit 2w
-    at 15 and bit 2w + 1 at 31 (the two copies do not overlap): a POPC and a few operations
-    an index, then one IMAD a word, where a table's sign words cost a gather of 16 bytes
-    every 8 weights, through the L1 and shared memory."""
+def ksigns_byte(idx):
+    """7-bit ksigns indices (int32) -> their sign bytes: ksigns[i] is i with its parity at bit
+    7 (a POPC and two operations, where a lookup is a gather through the L1)."""
     if INTERPRETED:
         p = idx ^ (idx >> 4)
         p = p ^ (p >> 2)
@@ -586,17 +582,26 @@ def ksign_words(idx):
     else:
         parity = tl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [idx], dtype=tl.int32,
                                            is_pure=True, pack=1) & 1
-    s = (idx | (parity << 7))[:, :, None]
-    w = tl.arange(0, 4)[None, None, :]
-    return (s * ((1 << (15 - 2 * w)) + (1 << (30 - 2 * w)))) & -0x7FFF8000  # 0x80008000
+    return idx | (parity << 7)
 
 
 @triton.jit
-def grid_words(TABLE, idx, WORDS: tl.constexpr):
+def sign_words(signs):
+    """Sign bytes (a bit per weight), int32 [R, n] -> int32 [R, n, 4]: word w holds the sign
+    of weight 2w at bit 15 and of weight 2w + 1 at bit 31, where a float16 pair has them.
+    The byte times 2**(15 - 2w) + 2**(30 - 2w) puts its bit 2w at 15 and bit 2w + 1 at 31
+    (the two copies do not overlap): one IMAD a word, where a table's sign words cost a
+    gather of 16 bytes every 8 weights, through the L1 and shared memory."""
+    w = tl.arange(0, 4)[None, None, :]
+    return (signs[:, :, None] * ((1 << (15 - 2 * w)) + (1 << (30 - 2 * w)))) & -0x7FFF8000  # 0x80008000
+
+
+@triton.jit
+def grid_words(TABLE, idx, WORDS: tl.constexpr, AT: tl.constexpr):
     """Grid row numbers [R, n] -> int32 [R, 8n / (4 WORDS), 2]: the rows of a grid of 4 WORDS
-    signed bytes a row (the dequant's part, at KSIGNS), gathered whole, as the words of each
-    run of 8 weights."""
-    table = TABLE.to(tl.pointer_type(tl.int32)) + KSIGNS
+    bytes a row (the dequant's part, at word AT), gathered whole, as the words of each run of
+    8 weights."""
+    table = TABLE.to(tl.pointer_type(tl.int32)) + AT
     if WORDS == 2:
         return tl.load(table + idx[:, :, None] * 2 + tl.arange(0, 2)[None, None, :])
     else:  # two rows a run: gathered as [R, run, row] (a [R, rows, 1] gather reshaped sent
@@ -605,9 +610,9 @@ def grid_words(TABLE, idx, WORDS: tl.constexpr):
 
 
 @triton.jit
-def signed_grid8_f16(words, sidx, db, Z):
+def signed_grid8_f16(words, signs, db, Z):
     """Runs of 8 grid values (words [R, n, 2] of their bytes, all positive: grid_words),
-    their ksigns indices [R, n] and scales db (float16 [R, g], one per n / g runs) -> float16
+    their sign bytes [R, n] (int32) and scales db (float16 [R, g], one per n / g runs) -> float16
     [R, 8n] in the 8-weight runs' fragment order (fields.tile_columns, RUN = -3): in each 32
     weights, an MMA fragment's thread c (k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16) takes run
     c, so each thread unpacks the rows it gathered itself and its weights reach the MMA from
@@ -621,8 +626,8 @@ def signed_grid8_f16(words, sidx, db, Z):
     R: tl.constexpr = words.shape[0]
     n: tl.constexpr = words.shape[1]
     G: tl.constexpr = db.shape[1]
-    signs = tl.reshape(ksign_words(sidx), (R, G, n // G, 4))  # word 2a + b: bytes 4a + 2b, +1
-    scales = tl.reshape(f16_pair_word(db)[:, :, None, None] ^ signs, (R, 2 * n, 2))
+    pairs = tl.reshape(sign_words(signs), (R, G, n // G, 4))  # word 2a + b: bytes 4a + 2b, +1
+    scales = tl.reshape(f16_pair_word(db)[:, :, None, None] ^ pairs, (R, 2 * n, 2))
     q = f16_halves(byte_pairs_times_f16(tl.reshape(words, (R, 2 * n)), Z, scales, 1024.0))
     q = tl.reshape(q, (R, n // 4, 4, 2, 2, 2))  # [R, 32 weights, run c, word a, pair b, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 4, 2, 5)), (R, 8 * n))
@@ -638,8 +643,8 @@ def iq2_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
     idx_words, aux = tl.split(tl.reshape(field(P1, j, rows, mask, N, 16, tl.uint32), (R, 8, 2)))
     db = scale_2bit(d, aux >> 28).to(tl.float16)  # [R, 8]
-    words = grid_words(TABLE, bitfields(idx_words, 8, 4, 0xFF), 2)
-    return signed_grid8_f16(words, bitfields(aux, 7, 4, 0x7F), db, row_zero(rows)[:, None])
+    words = grid_words(TABLE, bitfields(idx_words, 8, 4, 0xFF), 2, KSIGNS)
+    return signed_grid8_f16(words, ksigns_byte(bitfields(aux, 7, 4, 0x7F)), db, row_zero(rows)[:, None])
 
 
 @register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot,
@@ -664,7 +669,8 @@ def iq2_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = field(P1, j, rows, mask, N, 32, tl.uint16).to(tl.int32)
     scales = bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 4, 8, 0x0F)
     db = scale_2bit(d, scales).to(tl.float16)  # [R, 16]
-    return signed_grid8_f16(grid_words(TABLE, q & 0x1FF, 2), q >> 9, db, row_zero(rows)[:, None])
+    return signed_grid8_f16(grid_words(TABLE, q & 0x1FF, 2, KSIGNS), ksigns_byte(q >> 9), db,
+                            row_zero(rows)[:, None])
 
 
 @register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot,
@@ -678,7 +684,20 @@ def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return signed(db, grid, ksign_factors(TABLE, q >> 9))
 
 
-@register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot)
+@triton.jit
+def iq2_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ2_S for the fused GEMM with float16 x, as iq2_xxs_f16: a 10-bit grid row (its low
+    byte in qs, 2 bits in qh) and a sign byte every 8 weights, a 4-bit scale every 16."""
+    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
+    low = bitfields(field_run(P1, j, rows, mask, N, 16, 0, 8, tl.uint32), 8, 4, 0xFF)
+    signs = bitfields(field_run(P1, j, rows, mask, N, 16, 8, 8, tl.uint32), 8, 4, 0xFF)
+    idx = low | (bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 2, 16, 0x03) << 8)
+    db = scale_2bit(d, bitfields(field(P3, j, rows, mask, N, 2, tl.uint32), 4, 8, 0x0F)).to(tl.float16)
+    return signed_grid8_f16(grid_words(TABLE, idx, 2, 0), signs, db, row_zero(rows)[:, None])
+
+
+@register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot,
+          dequant_f16=iq2_s_f16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -701,8 +720,8 @@ def iq3_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     idx = bitfields(field_run(P1, j, rows, mask, N, 24, 0, 16, tl.uint32), 8, 4, 0xFF)
     aux = field_run(P1, j, rows, mask, N, 24, 16, 8, tl.uint32)
     db = (d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5).to(tl.float16)
-    return signed_grid8_f16(grid_words(TABLE, idx, 1), bitfields(aux, 7, 4, 0x7F), db,
-                            row_zero(rows)[:, None])
+    return signed_grid8_f16(grid_words(TABLE, idx, 1, KSIGNS), ksigns_byte(bitfields(aux, 7, 4, 0x7F)),
+                            db, row_zero(rows)[:, None])
 
 
 @register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot,
@@ -718,7 +737,22 @@ def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return signed(db, grid_rows(TABLE, idx, 1, KSIGNS), signs)
 
 
-@register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot)
+@triton.jit
+def iq3_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ3_S for the fused GEMM with float16 x, as iq3_xxs_f16: two 9-bit 4-wide grid rows
+    (low byte in qs, the high bit in qh) and a sign byte every 8 weights, db = d * (1 + 2 *
+    scale) every 32."""
+    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
+    low = bitfields(field(P1, j, rows, mask, N, 16, tl.uint32), 8, 4, 0xFF)
+    idx = low | (bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 1, 32, 0x01) << 8)
+    signs = bitfields(field(P3, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF)
+    scale = bitfields(field(P4, j, rows, mask, N, 1, tl.uint32), 4, 8, 0x0F)
+    db = (d * (1 + 2 * scale).to(tl.float32)).to(tl.float16)
+    return signed_grid8_f16(grid_words(TABLE, idx, 1, 0), signs, db, row_zero(rows)[:, None])
+
+
+@register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot,
+          dequant_f16=iq3_s_f16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)

@@ -199,10 +199,11 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
 # same order, its high bits from hmask (q3_k_f16): 0.30 -> 0.39; the grid types' float16
 # functions, their grid rows gathered as bytes in the 8-weight runs' fragment order
 # (signed_grid8_f16, BENCHMARKS.md "The grid types in float16"): IQ2_XXS 0.16 -> 0.32, IQ2_XS
-# 0.17 -> 0.31, IQ3_XXS 0.18 -> 0.39
+# 0.17 -> 0.31, IQ2_S 0.18 -> 0.36, IQ3_XXS 0.18 -> 0.39, IQ3_S 0.23 -> 0.40
 GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q8_0": 0.95,
                    "Q4_K": 0.85, "IQ4_NL": 0.75, "IQ4_XS": 0.7, "Q2_K": 0.44, "Q3_K": 0.39,
-                   "MXFP4": 0.64, "NVFP4": 0.7, "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ3_XXS": 0.38}
+                   "MXFP4": 0.64, "NVFP4": 0.7, "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35,
+                   "IQ3_XXS": 0.38, "IQ3_S": 0.38}
 # and the BM = 64 tile (the default `gemm` family at sm_90), the swapped one on a wgmma: the
 # FP4 weights from their bits reach it in registers (looked up in nibble-group order they went
 # through shared memory, 128 stores a step): MXFP4 0.46 -> 0.59, NVFP4 0.57 -> 0.71 (each
