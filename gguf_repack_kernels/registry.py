@@ -39,9 +39,12 @@ the weights ordered so that each thread of an MMA fragment, which holds k = 2c, 
 2c + 8 and 2c + 9 of every 16 (c = lane % 4), takes its weights from the c-th quarter of the
 block's bytes alone (fields.fragment_order_256, fragment_order_32): it unpacks its own words,
 with the scales of its own sub-blocks, and nothing moves between threads or through shared
-memory on the way to the tensor cores. Where that function needs more registers than a
-64-row tile's accumulator leaves (IQ4_XS's lookups, Q2_K), `wide_f16` names the one the
-tiles of BM >= 64 take, with its order ("float32": the type's float32 function).
+memory on the way to the tensor cores. -2 and -3 are fragment orders of the same kind for
+other unpackings: Q2_K's and Q3_K's 2-bit fields (-2), and the grid types' runs of 8 weights,
+thread c taking run c of every 32 (-3, formats_iquants.signed_grid8_f16). Where that
+function needs more registers than a 64-row tile's accumulator leaves (IQ4_XS's lookups,
+Q2_K, the grid types), `wide_f16` names the one the tiles of BM >= 64 take, with its order
+("float32": the type's float32 function).
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class Format:
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
     x_int8: bool = False  # its dot function multiplies x quantized per 32 to int8
     dequant_f16: object = None  # the fused GEMM's dequant for float16 x, see above
-    f16_nibble_run: int = 0  # its columns' order: 0 ggml's, -1 fragments, else nibble groups (above)
+    f16_nibble_run: int = 0  # its columns' order: 0 ggml's, < 0 fragment orders, else nibble groups
     # (function, its f16_nibble_run) for the tiles of BM >= 64, where dequant_f16 spills there
     wide_f16: tuple[object, int] | None = None
 
