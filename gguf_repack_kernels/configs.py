@@ -176,7 +176,14 @@ GEMV_MAX_M = 8
 # BEGIN estimate_paths --write-configs
 MATMUL_RULE: dict[str, tuple] = {
     'IQ1_M': ((4, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
-    'IQ1_S': ((8, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ1_S': (
+        (4, 'gemv'),
+        (16, 'gemm_bm16'),
+        (32, 'gemm_bm32'),
+        (64, 'gemm_bm64'),
+        (96, 'gemm_bm32'),
+        (None, 'dequantize+matmul'),
+    ),
     'IQ2_S': ((1, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ2_XS': (
         (2, 'gemv'),
@@ -405,9 +412,9 @@ GEMM_M16_BN_F16 = {"Q4_K": 128, "IQ3_XXS": 64}
 # wgmma from registers (sm_90 SASS, fp16 x, the fraction of the bytes' bound its issue allows
 # per tile, BENCHMARKS.md "Batched decode kernels"). Not for float32 x: its IEEE dot runs on FMAs, and the
 # swapped 64 x 64 tile spills (Q4_K: 14,240 bytes).
-SWAP_AB_TYPES = frozenset(["IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS", "MXFP4",
-                           "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K",
-                           "Q8_0", "TQ1_0", "TQ2_0"])
+SWAP_AB_TYPES = frozenset(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS",
+                           "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K",
+                           "Q6_K", "Q8_0", "TQ1_0", "TQ2_0"])
 
 
 # The swapped BM = 128 tile (where MATMUL_RULE takes "gemm_bm128": one pass over the weight
@@ -423,7 +430,7 @@ BM128_NARROW = frozenset(["Q6_K"])
 # float32 one), and so do their swapped 32-row ones with the float32 function (bfloat16 x:
 # 11-38 bytes); their plain tiles with the float32 function do not (IQ2_XXS's BM = 64: 904
 # instructions a step; BENCHMARKS.md "The grid types in float16")
-SWAP_AB_F16_BM32_ONLY = frozenset(["IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"])
+SWAP_AB_F16_BM32_ONLY = frozenset(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"])
 
 
 def swap_ab(type_name: str, bm: int, dtype) -> bool:

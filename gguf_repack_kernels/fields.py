@@ -267,6 +267,14 @@ BYTE_PAIR_SCALED_F16_PTX = tl.constexpr(
     "{ .reg .b32 t; prmt.b32 t, $1, $2, $3; sub.f16x2 t, t, $4; mul.f16x2 $0, t, $5; }")
 
 
+# byte_pairs_f16's PRMT of bytes made unsigned by + 128 (signed ones XORed with 0x80), then
+# less the 1152 that leaves them exact, plus a delta and times a scale, float16 pairs each: the
+# 1-bit grids' (grid + delta) * scale (the delta is not exact in 1152 - delta)
+BYTE_PAIR_SHIFTED_F16_PTX = tl.constexpr(
+    "{ .reg .b32 t; prmt.b32 t, $1, $2, $3; sub.f16x2 t, t, $4; add.f16x2 t, t, $5; "
+    "mul.f16x2 $0, t, $6; }")
+
+
 @triton.jit
 def f16_pair_word(x):
     """float16 [...] -> int32 [...]: x in both halves of a word (a float16 pair)."""
@@ -298,6 +306,28 @@ def byte_pairs_times_f16(w, Z, scales, BIAS: tl.constexpr):
         return tl.inline_asm_elementwise(
             BYTE_PAIR_SCALED_F16_PTX, "=r,r,r,r,r,r",
             [w[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, scales],
+            dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def signed_byte_pairs_shifted_f16(w, Z, deltas, scales):
+    """int32 [R, n] of signed bytes -> int32 [R, n, 2]: pair h of each word, bytes 2h and
+    2h + 1, as two float16 halves (byte + delta) * scale, `deltas` and `scales` float16 pairs
+    (int32 [R, n, 2] or ones that broadcast to it): the byte exact, plus the delta exact
+    (IQ1's +-1/8 on -1, 0, 1), times the scale rounded once. Z: row_zero, [R, 1]."""
+    h = tl.arange(0, 2)[None, None, :]
+    u = w ^ (-0x7F7F7F80 + Z)  # 0x80808080: byte + 128, unsigned
+    bias = f16_pair_word(tl.full((1,), 1152.0, tl.float16))[None, None, :] + Z[:, :, None]
+    if INTERPRETED:
+        pair = tl.reshape(byte_pairs_f16(u[:, :, None], Z[:, :, None]), (w.shape[0], w.shape[1], 2))
+        lo = (f16_half(pair) - 1152.0 + f16_half(deltas)) * f16_half(scales)
+        hi = (f16_half(shr(pair, 16)) - 1152.0 + f16_half(shr(deltas, 16))) * f16_half(shr(scales, 16))
+        return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
+            | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    else:
+        return tl.inline_asm_elementwise(
+            BYTE_PAIR_SHIFTED_F16_PTX, "=r,r,r,r,r,r,r",
+            [u[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, deltas, scales],
             dtype=tl.int32, is_pure=True, pack=1)
 
 

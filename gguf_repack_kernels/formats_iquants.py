@@ -57,6 +57,7 @@ from .fields import (
     row_zero,
     scale_f16,
     shr,
+    signed_byte_pairs_shifted_f16,
     split4,
     words2,
     words4,
@@ -779,8 +780,32 @@ def shifted(grid, negative):
                       grid.shape)
 
 
+@triton.jit
+def iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ1_S for the fused GEMM with float16 x, in the 8-weight runs' fragment order (as the
+    other grid types, signed_grid8_f16): each run's signed grid bytes (-1, 0, 1) gathered
+    whole, two a PRMT under float16's exponent, plus the group's delta (+-1/8, exact), times
+    dl = d * (2 * scale + 1) rounded to float16: two roundings where the float32 function
+    has one (within the GEMM's tolerance)."""
+    R: tl.constexpr = rows.shape[0]
+    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
+    # a 16-bit word per 32 weights: four 3-bit index highs, a 3-bit scale, the delta's sign
+    qh = bitfields(field(P2, j, rows, mask, N, 4, tl.uint32), 16, 2, 0xFFFF)  # [R, 8]
+    dl = (d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)).to(tl.float16)
+    delta = tl.where((qh & 0x8000) != 0, -0.125, 0.125).to(tl.float16)
+    idx = bitfields(field(P1, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | (bitfields(qh, 3, 4, 0x07) << 8)
+    words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (32 weights, run c, word a)]
+    # a group's delta and scale for each of its 8 words
+    deltas = tl.reshape(tl.broadcast_to(f16_pair_word(delta)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
+    scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
+    q = f16_halves(signed_byte_pairs_shifted_f16(words, row_zero(rows)[:, None], deltas, scales))
+    q = tl.reshape(q, (R, 8, 4, 2, 2, 2))  # [R, 32 weights, run c, word a, pair b, half]
+    return tl.reshape(tl.permute(q, (0, 1, 3, 4, 2, 5)), (R, 256))
+
+
 @register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,
-          dot_parts=(1, 2), x_int8=True)
+          dot_parts=(1, 2), x_int8=True, dequant_f16=iq1_s_f16, f16_nibble_run=-3,
+          wide_f16="float32")
 @triton.jit
 def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)

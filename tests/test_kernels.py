@@ -812,7 +812,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K", "Q5_K",
-            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"} == {
+            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"} == {
         n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
@@ -833,7 +833,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
     eps = torch.finfo(torch.float16).eps
     if name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    elif name in ("IQ4_XS", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"):
+    elif name in ("IQ4_XS", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"):
         # d times the sub-block's scale rounded to float16, then its product with q
         assert ((got.float() - exact).abs() <= 2 * eps * exact.abs() + 2 ** -24).all()
     elif name in ("Q4_K", "Q5_K", "Q2_K"):
