@@ -209,6 +209,15 @@ def fragment_order_32(q):
     return tl.reshape(tl.permute(q, (0, 2, 3, 1, 4)), (R, 32))
 
 
+@triton.jit
+def fragment_order_runs8(q):
+    """[R, g, c, a, b, half] (run c of 8 weights in each 32, word a, byte pair b: weight
+    32g + 8c + 4a + 2b + half) -> [R, 32 g] in the order tile_columns(256, -3) reads x, so
+    that an MMA fragment's thread c (k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16) takes run c."""
+    R: tl.constexpr = q.shape[0]
+    return tl.reshape(tl.permute(q, (0, 1, 3, 4, 2, 5)), (R, 32 * q.shape[1]))
+
+
 # --- whole bytes to float16 a word at a time (Q5_x, Q6_K, Q8_0) ----------------------------
 #
 # Where a weight's bits are assembled into a byte first (a nibble and its fifth or fifth and

@@ -41,6 +41,7 @@ from .fields import (
     field_run,
     fragment_order_32,
     fragment_order_256,
+    fragment_order_runs8,
     lookup16,
     lookup16_bytes,
     lookup16_nibbles,
@@ -630,8 +631,7 @@ def signed_grid8_f16(words, signs, db, Z):
     pairs = tl.reshape(sign_words(signs), (R, G, n // G, 4))  # word 2a + b: bytes 4a + 2b, +1
     scales = tl.reshape(f16_pair_word(db)[:, :, None, None] ^ pairs, (R, 2 * n, 2))
     q = f16_halves(byte_pairs_times_f16(tl.reshape(words, (R, 2 * n)), Z, scales, 1024.0))
-    q = tl.reshape(q, (R, n // 4, 4, 2, 2, 2))  # [R, 32 weights, run c, word a, pair b, half]
-    return tl.reshape(tl.permute(q, (0, 1, 3, 4, 2, 5)), (R, 8 * n))
+    return fragment_order_runs8(tl.reshape(q, (R, n // 4, 4, 2, 2, 2)))
 
 
 @triton.jit
@@ -799,8 +799,7 @@ def iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     deltas = tl.reshape(tl.broadcast_to(f16_pair_word(delta)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
     scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
     q = f16_halves(signed_byte_pairs_shifted_f16(words, row_zero(rows)[:, None], deltas, scales))
-    q = tl.reshape(q, (R, 8, 4, 2, 2, 2))  # [R, 32 weights, run c, word a, pair b, half]
-    return tl.reshape(tl.permute(q, (0, 1, 3, 4, 2, 5)), (R, 256))
+    return fragment_order_runs8(tl.reshape(q, (R, 8, 4, 2, 2, 2)))
 
 
 @register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,
