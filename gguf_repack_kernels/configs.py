@@ -405,6 +405,8 @@ GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
 # spills; the float32 function spills at BN = 128 with float32 x; IQ3_XXS's float16 function
 # 0.24 -> 0.40 at 64, BENCHMARKS.md "The grid types in float16")
 GEMM_M16_BN_F16 = {"Q4_K": 128, "IQ3_XXS": 64}
+# the same with bfloat16 x, where the type's bfloat16 function does as its float16 one
+GEMM_M16_BN_BF16 = {"Q4_K": 128}
 
 
 # The types whose BM = 32 and 64 tiles, with float16 or bfloat16 x, take the weight tile as
@@ -455,8 +457,9 @@ def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
         if not swap_ab(type_name, bm, dtype):
             return 32
         return 128 if block_size < 256 else 64
-    if act_name(dtype) == "fp16" and type_name in GEMM_M16_BN_F16:
-        return GEMM_M16_BN_F16[type_name]
+    half = {"fp16": GEMM_M16_BN_F16, "bf16": GEMM_M16_BN_BF16}.get(act_name(dtype), {})
+    if type_name in half:
+        return half[type_name]
     return GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128)
 
 

@@ -181,15 +181,19 @@ def _clean_split_k_workspace(m: int, n: int, counters: int, split_k: int, out: t
     return buffer[:m * n], buffer[m * n:m * n + counters].view(torch.int32)
 
 
-def gemm_dequant(fmt: Format, float16: bool, bm: int) -> dict:
+def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     """The fused GEMM's dequant function, DQ, and the order of its columns, XRUN, for its
-    BM-row tile: the type's float16 function for float16 x, where it has one (registry.py;
-    from BM = 64 on its wide_f16 where it has that), else the float32 one."""
-    if float16 and bm >= 64 and fmt.wide_f16 is not None:
-        return {"DQ": fmt.wide_f16[0], "XRUN": fmt.wide_f16[1]}
-    if float16 and fmt.dequant_f16 is not None:
-        return {"DQ": fmt.dequant_f16, "XRUN": fmt.f16_nibble_run}
-    return {"DQ": fmt.dequant, "XRUN": 0}
+    BM-row tile and x of `dtype`: the type's float16 or bfloat16 function, where it has one
+    (registry.py; from BM = 64 on its wide_f16 where it has that, the float32 one for
+    bfloat16), else the float32 one."""
+    act = configs.act_name(dtype)
+    half = {"fp16": fmt.dequant_f16, "bf16": fmt.dequant_bf16}.get(act)
+    if half is None:
+        return {"DQ": fmt.dequant, "XRUN": 0}
+    if bm >= 64 and fmt.wide_f16 is not None:
+        function, run = fmt.wide_f16 if act == "fp16" else (fmt.dequant, 0)
+        return {"DQ": function, "XRUN": run}
+    return {"DQ": half, "XRUN": fmt.f16_nibble_run}
 
 
 def matmul_path(type_name: str, m: int) -> str:
@@ -245,7 +249,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         gemm_kernel[grid](*args, x2, out, sums, counts, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
                           IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
-                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]),
+                          **gemm_dequant(fmt, x.dtype, cfg["BM"]),
                           SWAP=configs.swap_ab(type_name, cfg["BM"], x.dtype),
                           STEP_BLOCKS=cfg["STEP_BLOCKS"], num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"])
@@ -393,7 +397,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, n_experts, out, n, b,
                           x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
                           BN=cfg["BN"], IEEE=x.dtype == torch.float32,
-                          **gemm_dequant(fmt, x.dtype == torch.float16, cfg["BM"]),
+                          **gemm_dequant(fmt, x.dtype, cfg["BM"]),
                           SWAP=configs.swap_ab(fmt.name, cfg["BM"], x.dtype),
                           STEP_BLOCKS=cfg["STEP_BLOCKS"], num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"])

@@ -117,9 +117,10 @@ def concat(a, b):
 
 
 @triton.jit
-def field_h(P, j, rows, mask, N):
-    """A float16 scale field as float16 [len(rows), 1] (for the fp16 dequant functions)."""
-    return f16_half(field16_in_word(P, j, rows, mask, N))[:, None]
+def field_h(P, j, rows, mask, N, DT: tl.constexpr = tl.float16):
+    """A float16 scale field as DT [len(rows), 1] (for the half dequant functions: float16,
+    or rounded to bfloat16)."""
+    return f16_half(field16_in_word(P, j, rows, mask, N)).to(DT)[:, None]
 
 
 # --- nibbles to float16 a word at a time (the fused GEMM's float16 dequant functions) -----
@@ -132,6 +133,15 @@ def field_h(P, j, rows, mask, N):
 # PRMT), (word >> s) & 0x000F000F | 0x64006400 is 1024 + a nibble of two neighbouring bytes
 # in one register, for s = 0, 8 (low nibbles) and 4, 12 (high ones): one shift and one LOP3
 # for two weights, already paired as the MMA takes them.
+
+#
+# The same serves bfloat16 x (vLLM's default), `DT` choosing the type: bfloat16 has 7
+# mantissa bits to float16's 10, so its exponent of 128 (0x4300) holds any value under 128
+# exactly (a nibble, Q5's 5 bits, Q6_K's 6; not a whole byte), 0x43004300 | two of them is
+# 128 + each, and the arithmetic after it is the same in bfloat16 (HFMA2.BF16, sm_80+).
+# Each function states its constants for both, `X: tl.constexpr = .. if DT == tl.bfloat16
+# else ..`: a helper's return value would be a tensor, and a float32 one promotes the
+# half-precision arithmetic it meets to float32.
 
 # prmt.b32 with selector 0x3120: bytes [b0, b1, b2, b3] -> [b0, b2, b1, b3]
 SWAP_MIDDLE_BYTES_PTX = tl.constexpr("prmt.b32 $0, $1, 0, 0x3120;")
@@ -150,12 +160,15 @@ def swap_middle_bytes(w):
 
 
 @triton.jit
-def f16_halves(v):
-    """int32 [...] holding two float16 bit patterns -> float16 [..., 2]: the low half, then
-    the high one."""
+def f16_halves(v, DT: tl.constexpr = tl.float16):
+    """int32 [...] holding two float16 (or DT) bit patterns -> DT [..., 2]: the low half,
+    then the high one."""
     if INTERPRETED:
-        lo = (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
-        hi = ((v >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        lo = (v & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        hi = ((v >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+    elif DT == tl.bfloat16:  # (inline_asm_elementwise takes a dtype, not a constexpr of one)
+        lo, hi = tl.inline_asm_elementwise(F16_HALVES_PTX, "=h,=h,r", [v],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
     else:
         lo, hi = tl.inline_asm_elementwise(F16_HALVES_PTX, "=h,=h,r", [v],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
@@ -163,30 +176,34 @@ def f16_halves(v):
 
 
 @triton.jit
-def nibbles_f16(w, RUN: tl.constexpr, Z):
+def nibbles_f16(w, RUN: tl.constexpr, Z, DT: tl.constexpr = tl.float16):
     """int32 [R, n] (the words of n * 4 bytes of nibbles, read as runs of RUN words) ->
-    float16 [R, 8n], 1024 + each nibble, exactly, in ggml's order: per run, every byte's low
-    nibble, then every high one. Z: opaque_zero (keeps the two masks in registers)."""
+    float16 [R, 8n], 1024 + each nibble, exactly (bfloat16: 128 + each), in ggml's order: per
+    run, every byte's low nibble, then every high one. Z: opaque_zero (keeps the two masks
+    in registers)."""
     R: tl.constexpr = w.shape[0]
     n: tl.constexpr = w.shape[1]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
     t = swap_middle_bytes(w)[:, :, None, None]
     high = tl.arange(0, 2)[None, None, :, None]  # low or high nibbles
     pair = tl.arange(0, 2)[None, None, None, :]  # bytes 0, 1 or 2, 3 of the word
-    v = (t >> (4 * high + 8 * pair)) & (0x000F000F + Z) | (0x64006400 + Z)
-    q = tl.reshape(f16_halves(v), (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
+    v = (t >> (4 * high + 8 * pair)) & (0x000F000F + Z) | (ONES + Z)
+    q = tl.reshape(f16_halves(v, DT), (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
 
 
 @triton.jit
-def nibbles_f16_fragments(w, Z):
+def nibbles_f16_fragments(w, Z, DT: tl.constexpr = tl.float16):
     """int32 [R, 32] (the 128 bytes of a 256-weight block's nibbles, 4 runs of 32 bytes:
     run c's byte b holds weights 64c + b and 64c + 32 + b) -> float16 [R, 4, 8, 2, 2, 2],
-    1024 + each nibble, as (run c, word i, byte pair s1, high nibble s0, half)."""
+    1024 + each nibble (bfloat16: 128 + each), as (run c, word i, byte pair s1, high nibble
+    s0, half)."""
     R: tl.constexpr = w.shape[0]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
     t = swap_middle_bytes(w)[:, :, None]
     s = tl.arange(0, 4)[None, None, :]  # shift 4s: (lo b0, lo b1), (hi ..), (lo b2, lo b3), (hi ..)
-    v = (t >> (4 * s)) & (0x000F000F + Z) | (0x64006400 + Z)
-    q = tl.reshape(f16_halves(v), (R, 4, 8, 2, 2, 2))  # [R, c, i, s1, s0, half]
+    v = (t >> (4 * s)) & (0x000F000F + Z) | (ONES + Z)
+    q = tl.reshape(f16_halves(v, DT), (R, 4, 8, 2, 2, 2))  # [R, c, i, s1, s0, half]
     return q
 
 
@@ -229,18 +246,21 @@ BYTES_F16_PTX = tl.constexpr("prmt.b32 $0, $2, $3, 0x4140; prmt.b32 $1, $2, $3, 
 
 
 @triton.jit
-def bytes_f16(w, Z):
+def bytes_f16(w, Z, DT: tl.constexpr = tl.float16):
     """int32 [R, n] -> float16 [R, 4n]: 1024 + each byte (unsigned), exactly, in the bytes'
-    order. Z: opaque_zero (keeps 0x64646464 in a register, not rematerialized a PRMT)."""
+    order; bfloat16: 128 + each, bytes under 128 only. Z: opaque_zero (keeps 0x64646464 in a
+    register, not rematerialized a PRMT)."""
     R: tl.constexpr = w.shape[0]
     n: tl.constexpr = w.shape[1]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
+    EXPONENTS: tl.constexpr = 0x43434343 if DT == tl.bfloat16 else 0x64646464
     if INTERPRETED:
-        lo = (w & 0xFF) | ((w << 8) & 0xFF0000) | 0x64006400
-        hi = (shr(w, 16) & 0xFF) | (shr(w, 8) & 0xFF0000) | 0x64006400
+        lo = (w & 0xFF) | ((w << 8) & 0xFF0000) | ONES
+        hi = (shr(w, 16) & 0xFF) | (shr(w, 8) & 0xFF0000) | ONES
     else:
-        lo, hi = tl.inline_asm_elementwise(BYTES_F16_PTX, "=r,=r,r,r", [w, 0x64646464 + Z],
+        lo, hi = tl.inline_asm_elementwise(BYTES_F16_PTX, "=r,=r,r,r", [w, EXPONENTS + Z],
                                            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-    q = tl.join(f16_halves(lo), f16_halves(hi))  # [R, n, byte within the half, half]
+    q = tl.join(f16_halves(lo, DT), f16_halves(hi, DT))  # [R, n, byte within the half, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 2)), (R, 4 * n))
 
 
@@ -250,20 +270,22 @@ BYTE_PAIR_F16_PTX = tl.constexpr("prmt.b32 $0, $1, $2, $3;")
 
 
 @triton.jit
-def byte_pairs_f16(w, Z):
+def byte_pairs_f16(w, Z, DT: tl.constexpr = tl.float16):
     """int32 [R, a, b] -> int32 [R, a, b, 2]: pair h of each word, bytes 2h and 2h + 1, as two
     float16 halves 1024 + each (unsigned), exactly: one PRMT a pair, as bytes_f16's, but the
     new last dimension made by broadcasting, not by joining two tensors (a join here sent the
     swapped tiles' weights through shared memory: 128 STS a step for Q5_0). Z: a zero of w's
-    shape or one that broadcasts to it (row_zero)."""
+    shape or one that broadcasts to it (row_zero). DT bfloat16: 128 + each, bytes under 128."""
     h = tl.arange(0, 2)[None, None, None, :]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
+    EXPONENTS: tl.constexpr = 0x43434343 if DT == tl.bfloat16 else 0x64646464
     if INTERPRETED:
         b = shr(w[:, :, :, None], 16 * h)
-        return (b & 0xFF) | ((b << 8) & 0xFF0000) | (0x64006400 + Z[:, :, :, None])
+        return (b & 0xFF) | ((b << 8) & 0xFF0000) | (ONES + Z[:, :, :, None])
     else:
         return tl.inline_asm_elementwise(
             BYTE_PAIR_F16_PTX, "=r,r,r,r",
-            [w[:, :, :, None], 0x64646464 + Z[:, :, :, None], 0x4140 + 0x202 * h],
+            [w[:, :, :, None], EXPONENTS + Z[:, :, :, None], 0x4140 + 0x202 * h],
             dtype=tl.int32, is_pure=True, pack=1)
 
 

@@ -405,19 +405,19 @@ def scaled_minus_min(P0, P1, P2, j, rows, mask, N, q):
 
 @triton.jit
 def scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q):
-    """scaled_minus_min for float16 q (R, 8, 32): d * scale and dmin * min rounded to float16
-    once per sub-block, then one HFMA a weight pair."""
+    """scaled_minus_min for float16 (or bfloat16) q (R, 8, 32): d * scale and dmin * min
+    rounded to q's type once per sub-block, then one HFMA a weight pair."""
     R: tl.constexpr = q.shape[0]
     sc, mn = scales_mins(P2, j, rows, mask, N)
     d, dmin = field16_pair_in_words(P0, P1, j, rows, mask, N)
-    dl = (f16_of_word(d)[:, None] * sc.to(tl.float32)).to(tl.float16)
-    ml = (f16_of_word(dmin)[:, None] * mn.to(tl.float32)).to(tl.float16)
+    dl = (f16_of_word(d)[:, None] * sc.to(tl.float32)).to(q.dtype)
+    ml = (f16_of_word(dmin)[:, None] * mn.to(tl.float32)).to(q.dtype)
     return tl.reshape(q * dl[:, :, None] - ml[:, :, None], (R, 256))
 
 
 @triton.jit
-def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """Q4_K for the fused GEMM with float16 x, in the fragment order (fields.fragment_order_256,
+def q4_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+    """Q4_K for the fused GEMM with float16 (or bfloat16) x, in the fragment order (fields.fragment_order_256,
     registry.py): each thread of an MMA fragment unpacks one 32-byte run of nibbles, a word at
     a time (sub-blocks 2c and 2c + 1 of run c: 2 of the 8 scales and mins a row), d * scale and
     dmin * min rounded to float16 once per sub-block, then one HFMA a weight pair: three
@@ -425,21 +425,32 @@ def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     holds the bound). sm_90 SASS, the swapped BM = 32 tile's K step: 791 -> 586
     instructions (BENCHMARKS.md "Each thread its own bytes")."""
     R: tl.constexpr = rows.shape[0]
+    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
     w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)
-    q = nibbles_f16_fragments(w, row_zero(rows)[:, None, None]) - 1024.0  # [R, c, i, s1, s0, half]
+    q = nibbles_f16_fragments(w, row_zero(rows)[:, None, None], DT) - BASE  # [R, c, i, s1, s0, half]
     sc, mn = scales_mins(P2, j, rows, mask, N)  # sub-block 2c + s0
     # d and dmin loaded alone (fields.field_f16), a memory latency each a step: read in words
     # (field16_pair_in_words) they cost 2-8% more instructions a step, and the H200 found
     # this tile issue-bound at M = 16, not waiting (BENCHMARKS.md "Scales in words")
-    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
-    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(tl.float16)
+    dl = (field_f16(P0, j, rows, mask, N) * sc.to(tl.float32)).to(DT)
+    ml = (field_f16(P1, j, rows, mask, N) * mn.to(tl.float32)).to(DT)
     dl = tl.reshape(dl, (R, 4, 1, 1, 2, 1))
     ml = tl.reshape(ml, (R, 4, 1, 1, 2, 1))
     return fragment_order_256(q * dl - ml)
 
 
+@triton.jit
+def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q4_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def q4_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q4_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
+
+
 @register("Q4_K", 256, ("d", "dmin", "scales", "qs"), dot=q4_k_dot, dot_parts=(1, 2, 4),
-          dequant_f16=q4_k_f16, f16_nibble_run=-1)
+          dequant_f16=q4_k_f16, dequant_bf16=q4_k_bf16, f16_nibble_run=-1)
 @triton.jit
 def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P3, j, rows, mask, N, 128), 4, 4)
@@ -447,8 +458,8 @@ def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q5_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """Q5_K for the fused GEMM with float16 x, as q4_k_f16 with each weight's fifth bit: group
+def q5_k_half(P0, P1, P2, P3, P4, j, rows, mask, N, DT: tl.constexpr):
+    """Q5_K for the fused GEMM with float16 (or bfloat16) x, as q4_k_half with each weight's fifth bit: group
     g's qs word c holds the low nibbles of sub-block 2g and the high ones of 2g + 1, whose
     fifth bits are bits 2g and 2g + 1 of each byte of qh word c; OR'd above the nibbles in
     place, then the bytes to float16 a word at a time (fields.bytes_f16)."""
@@ -459,13 +470,24 @@ def q5_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     fifth = 2 * tl.arange(0, 4)[None, :, None, None] + high  # its bit in each qh byte
     q5 = (((qs.to(tl.uint32, bitcast=True) >> (4 * high)) & 0x0F0F0F0F)
           | (((tl.reshape(qh, (R, 1, 1, 8)) >> fifth) << 4) & 0x10101010))
-    v = bytes_f16(tl.reshape(q5.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N))
-    q = tl.reshape(v - 1024.0, (R, 8, 32))
+    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
+    v = bytes_f16(tl.reshape(q5.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N), DT)
+    q = tl.reshape(v - BASE, (R, 8, 32))
     return scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q)
 
 
+@triton.jit
+def q5_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q5_k_half(P0, P1, P2, P3, P4, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def q5_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q5_k_half(P0, P1, P2, P3, P4, j, rows, mask, N, tl.bfloat16)
+
+
 @register("Q5_K", 256, ("d", "dmin", "scales", "qh", "qs"), dot=q5_k_dot, dot_parts=(1, 2, 4),
-          dequant_f16=q5_k_f16)
+          dequant_f16=q5_k_f16, dequant_bf16=q5_k_bf16)
 @triton.jit
 def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P4, j, rows, mask, N, 128), 4, 4)
@@ -474,10 +496,11 @@ def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q6_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """Q6_K for the fused GEMM with float16 x: weights 128n + 32k + l take 4 bits from ql byte
-    64n + l (k even) or 64n + 32 + l (k odd), low nibble for k < 2, and 2 bits from qh byte
-    32n + l at bit 2k, assembled a word (4 weights) at a time, then the bytes to float16
+def q6_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+    """Q6_K for the fused GEMM with float16 (or bfloat16) x: weights 128n + 32k + l take 4
+    bits from ql byte 64n + l (k even) or 64n + 32 + l (k odd), low nibble for k < 2, and 2
+    bits from qh byte 32n + l at bit 2k, assembled a word (4 weights) at a time, then the
+    bytes to float16
     (fields.bytes_f16); d * scale rounded to float16 once a sub-block of 16, then one HMUL a
     weight pair: within two roundings (tests/test_kernels.py holds the bound)."""
     R: tl.constexpr = rows.shape[0]
@@ -488,14 +511,26 @@ def q6_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     k = 2 * top + odd
     q6 = (((tl.reshape(ql, (R, 2, 1, 2, 8)) >> (4 * top)) & 0x0F0F0F0F)
           | (((tl.reshape(qh, (R, 2, 1, 1, 8)) >> (2 * k)) << 4) & 0x30303030))
-    v = bytes_f16(tl.reshape(q6.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N))
-    q = tl.reshape(v - 1056.0, (R, 16, 16))  # (1024 + q) - 1056 = q - 32, exactly
+    BIAS: tl.constexpr = 160.0 if DT == tl.bfloat16 else 1056.0
+    v = bytes_f16(tl.reshape(q6.to(tl.int32, bitcast=True), (R, 64)), opaque_zero(N), DT)
+    q = tl.reshape(v - BIAS, (R, 16, 16))  # (1024 + q) - 1056 = q - 32, exactly
     sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)
-    dl = (field_f16_words(P3, j, rows, mask, N) * sc.to(tl.float32)).to(tl.float16)
+    dl = (field_f16_words(P3, j, rows, mask, N) * sc.to(tl.float32)).to(DT)
     return tl.reshape(q * dl[:, :, None], (R, 256))
 
 
-@register("Q6_K", 256, ("ql", "qh", "scales", "d"), dot=q6_k_dot, dequant_f16=q6_k_f16)
+@triton.jit
+def q6_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q6_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def q6_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q6_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
+
+
+@register("Q6_K", 256, ("ql", "qh", "scales", "d"), dot=q6_k_dot, dequant_f16=q6_k_f16,
+          dequant_bf16=q6_k_bf16)
 @triton.jit
 def q6_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)

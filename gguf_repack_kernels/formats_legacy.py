@@ -52,20 +52,32 @@ def q4_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
-def nibbles_f16_block(P, j, rows, mask, N):
+def nibbles_f16_block(P, j, rows, mask, N, DT: tl.constexpr = tl.float16):
     """A 16-byte field of nibbles as 1024 + each nibble, float16 [R, 32] in ggml's order,
-    unpacked a word at a time (fields.nibbles_f16)."""
+    unpacked a word at a time (fields.nibbles_f16; bfloat16: 128 + each)."""
     w = field_run(P, j, rows, mask, N, 4, 0, 4, tl.int32)
-    return nibbles_f16(w, 4, opaque_zero(N))
+    return nibbles_f16(w, 4, opaque_zero(N), DT)
+
+
+@triton.jit
+def q4_0_half(P0, P1, j, rows, mask, N, DT: tl.constexpr):
+    # (1024 + q) - 1032 = q - 8 exactly, then one rounding: the float32 weight's (bfloat16:
+    # (128 + q) - 136, and d rounded to bfloat16 first: two roundings)
+    BIAS: tl.constexpr = 136.0 if DT == tl.bfloat16 else 1032.0
+    return field_h(P0, j, rows, mask, N, DT) * (nibbles_f16_block(P1, j, rows, mask, N, DT) - BIAS)
 
 
 @triton.jit
 def q4_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    # (1024 + q) - 1032 = q - 8 exactly, then one rounding: the float32 weight's
-    return field_h(P0, j, rows, mask, N) * (nibbles_f16_block(P1, j, rows, mask, N) - 1032.0)
+    return q4_0_half(P0, P1, j, rows, mask, N, tl.float16)
 
 
-@register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot, dequant_f16=q4_0_f16)
+@triton.jit
+def q4_0_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q4_0_half(P0, P1, j, rows, mask, N, tl.bfloat16)
+
+
+@register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot, dequant_f16=q4_0_f16, dequant_bf16=q4_0_bf16)
 @triton.jit
 def q4_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -89,13 +101,24 @@ def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
-def q4_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = nibbles_f16_block(P2, j, rows, mask, N) - 1024.0
+def q4_1_half(P0, P1, P2, j, rows, mask, N, DT: tl.constexpr):
+    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
+    q = nibbles_f16_block(P2, j, rows, mask, N, DT) - BASE
     d, m = field16_pair_in_words(P0, P1, j, rows, mask, N)
-    return f16_half(d)[:, None] * q + f16_half(m)[:, None]
+    return f16_half(d).to(DT)[:, None] * q + f16_half(m).to(DT)[:, None]
 
 
-@register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot, dequant_f16=q4_1_f16)
+@triton.jit
+def q4_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q4_1_half(P0, P1, P2, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def q4_1_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q4_1_half(P0, P1, P2, j, rows, mask, N, tl.bfloat16)
+
+
+@register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot, dequant_f16=q4_1_f16, dequant_bf16=q4_1_bf16)
 @triton.jit
 def q4_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -135,13 +158,13 @@ def q5_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
-def five_bit_f16(qh_plane, qs_plane, j, rows, mask, N):
+def five_bit_f16(qh_plane, qs_plane, j, rows, mask, N, DT: tl.constexpr = tl.float16):
     """Q5_0/Q5_1's 32 five-bit values as 1024 + each, float16 [R, 32] in the fragment order
     of a 32-weight block (fields.fragment_order_32, tile_columns(32, -1)): byte b of qs word
     c holds weights 4c + b (low nibble, j = 0) and 16 + 4c + b (high, j = 1), whose fifth
     bits, qh bits 4c + b and 16 + 4c + b, spread4 puts above each byte's nibble; then the
     bytes go to float16 two at a time (fields.byte_pairs_f16). Each thread of an MMA fragment
-    takes one word: its bytes reach the tensor cores in registers."""
+    takes one word: its bytes reach the tensor cores in registers. (bfloat16: 128 + each.)"""
     z = row_zero(rows)[:, None]
     w = field_run(qs_plane, j, rows, mask, N, 4, 0, 4, tl.int32)  # [R, 4]
     qh = field_word(qh_plane, j, rows, mask, N, 1, 0).to(tl.uint32, bitcast=True)[:, None, None]
@@ -149,16 +172,29 @@ def five_bit_f16(qh_plane, qs_plane, j, rows, mask, N):
     high = tl.arange(0, 2)[None, None, :]  # j
     q = ((shr(w[:, :, None], 4 * high) & 0x0F0F0F0F)
          | spread4((qh >> (4 * c + 16 * high)).to(tl.int32, bitcast=True)))  # [R, c, j]
-    return fragment_order_32(f16_halves(byte_pairs_f16(q, z[:, :, None])))  # [R, c, j, h, half]
+    return fragment_order_32(f16_halves(byte_pairs_f16(q, z[:, :, None], DT), DT))  # [R, c, j, h, half]
+
+
+@triton.jit
+def q5_0_half(P0, P1, P2, j, rows, mask, N, DT: tl.constexpr):
+    # (1024 + q) - 1040 = q - 16 exactly, then one rounding: the float32 weight's (bfloat16:
+    # (128 + q) - 144, and d rounded to bfloat16 first)
+    BIAS: tl.constexpr = 144.0 if DT == tl.bfloat16 else 1040.0
+    return field_h(P0, j, rows, mask, N, DT) * (five_bit_f16(P1, P2, j, rows, mask, N, DT) - BIAS)
 
 
 @triton.jit
 def q5_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    # (1024 + q) - 1040 = q - 16 exactly, then one rounding: the float32 weight's
-    return field_h(P0, j, rows, mask, N) * (five_bit_f16(P1, P2, j, rows, mask, N) - 1040.0)
+    return q5_0_half(P0, P1, P2, j, rows, mask, N, tl.float16)
 
 
-@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_f16=q5_0_f16, f16_nibble_run=-1)
+@triton.jit
+def q5_0_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q5_0_half(P0, P1, P2, j, rows, mask, N, tl.bfloat16)
+
+
+@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_f16=q5_0_f16, dequant_bf16=q5_0_bf16,
+          f16_nibble_run=-1)
 @triton.jit
 def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -167,14 +203,25 @@ def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q5_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    q = five_bit_f16(P2, P3, j, rows, mask, N) - 1024.0
+def q5_1_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
+    q = five_bit_f16(P2, P3, j, rows, mask, N, DT) - BASE
     d, m = field16_pair_in_words(P0, P1, j, rows, mask, N)
-    return f16_half(d)[:, None] * q + f16_half(m)[:, None]
+    return f16_half(d).to(DT)[:, None] * q + f16_half(m).to(DT)[:, None]
+
+
+@triton.jit
+def q5_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q5_1_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def q5_1_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q5_1_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
 
 
 @register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_f16=q5_1_f16,
-          f16_nibble_run=-1)
+          dequant_bf16=q5_1_bf16, f16_nibble_run=-1)
 @triton.jit
 def q5_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

@@ -183,7 +183,7 @@ def e2m1_doubled(code, TABLE):
 
 
 @triton.jit
-def e2m1_f16(w, RUN: tl.constexpr, Z):
+def e2m1_f16(w, RUN: tl.constexpr, Z, DT: tl.constexpr = tl.float16):
     """int32 [R, n] (the words of n * 4 bytes of E2M1 codes, read as runs of RUN words) ->
     float16 [R, 8n], twice each code's value (gguf-py's kvalues; +0.0 for code 8), exactly,
     in ggml's order: per run, every byte's low nibble, then every high one. Built from the
@@ -195,7 +195,9 @@ def e2m1_f16(w, RUN: tl.constexpr, Z):
     +0.0). Against a lookup (lookup16: 13 instructions for 4 codes and 2 moves of its table;
     and an order of its own, in which the weight tile went through shared memory on its way
     to a wgmma), sm_90 SASS: BENCHMARKS.md "FP4 from its bits". Z: opaque_zero (keeps the
-    two masks in registers)."""
+    two masks in registers). DT bfloat16: the same, its exponent and mantissa bits at 8-6
+    (bfloat16's 7 mantissa bits to float16's 10), its value times 2**-126 (exponent 0 the
+    subnormal 0.5 * 2**-126), times 2**127."""
     R: tl.constexpr = w.shape[0]
     n: tl.constexpr = w.shape[1]
     t = swap_middle_bytes(w)[:, :, None, None]  # bytes 0, 2, 1, 3: a pair's codes 16 bits apart
@@ -208,8 +210,12 @@ def e2m1_f16(w, RUN: tl.constexpr, Z):
     # step). Written as four explicit shifts joined, the tile's layout changed and sent
     # MXFP4's weights through shared memory again.
     top = t << (12 - 4 * high - 8 * pair)
-    v = (top & (-0x7FFF8000 + Z)) | ((top >> 3) & (0x0E000E00 + Z))  # 0x80008000
-    q = f16_halves(v) * 32768.0 + 0.0
+    if DT == tl.bfloat16:
+        v = (top & (-0x7FFF8000 + Z)) | ((top >> 6) & (0x01C001C0 + Z))
+        q = f16_halves(v, DT) * 1.7014118346046923e38 + 0.0  # 2**127
+    else:
+        v = (top & (-0x7FFF8000 + Z)) | ((top >> 3) & (0x0E000E00 + Z))  # 0x80008000
+        q = f16_halves(v) * 32768.0 + 0.0
     q = tl.reshape(q, (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
 
@@ -305,7 +311,22 @@ def mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return q * scale_a * scale_b
 
 
-@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_f16=mxfp4_f16)
+@triton.jit
+def mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """The float32 weights rounded to bfloat16, bit for bit, computed in bfloat16: the doubled
+    E2M1 values times 2**(e - 128), which bfloat16 holds for every E8M0 byte (2**-128 and
+    2**-127 subnormal; e = 255 the finite 2**127, as gguf-py decodes), so one product rounds
+    once. Its bits from e's, as e8m0_half's."""
+    e = tl.load(P0.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64), mask=mask, other=0)
+    e = e.to(tl.int32)
+    bits = tl.where(e < 2, 0x20 << e, (e - 1) << 7)
+    scale = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)[:, None]
+    q = e2m1_f16(field_run(P1, j, rows, mask, N, 4, 0, 4, tl.int32), 4, opaque_zero(N), tl.bfloat16)
+    return q * scale
+
+
+@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_f16=mxfp4_f16,
+          dequant_bf16=mxfp4_bf16)
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]
@@ -342,19 +363,31 @@ def nvfp4_codes(P1, j, rows, mask, N):
 
 
 @triton.jit
-def nvfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+def nvfp4_half(P0, P1, j, rows, mask, N, TABLE, DT: tl.constexpr):
     # the halved UE4M3 scales lie in 2**-10 .. 224 and the values are small integers: both
-    # float16 exactly, so their product rounds once, as the float32 one converted does
-    # looked up (nvfp4_table's third part) where the decode took some 9 instructions a scale
+    # float16 exactly (and bfloat16: 3 mantissa bits), so their product rounds once, as the
+    # float32 one converted does; looked up (nvfp4_table's third part) where the decode took
+    # some 9 instructions a scale
     codes = field_bytes(P0, j, rows, mask, N, 4).to(tl.int32)
     scale = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + NVFP4_F16_SCALES + codes).to(tl.int16)
-    scale = scale.to(tl.float16, bitcast=True)[:, :, None]
+    scale = scale.to(tl.float16, bitcast=True).to(DT)[:, :, None]
     # sub-block s: words 2s, 2s + 1, columns 16s..16s+15
-    q = e2m1_f16(field_run(P1, j, rows, mask, N, 8, 0, 8, tl.int32), 2, opaque_zero(N))
+    q = e2m1_f16(field_run(P1, j, rows, mask, N, 8, 0, 8, tl.int32), 2, opaque_zero(N), DT)
     return tl.reshape(tl.reshape(q, (rows.shape[0], 4, 16)) * scale, (rows.shape[0], 64))
 
 
-@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16)
+@triton.jit
+def nvfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return nvfp4_half(P0, P1, j, rows, mask, N, TABLE, tl.float16)
+
+
+@triton.jit
+def nvfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return nvfp4_half(P0, P1, j, rows, mask, N, TABLE, tl.bfloat16)
+
+
+@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16,
+          dequant_bf16=nvfp4_bf16)
 @triton.jit
 def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # each sub-block of 16 weights has its own scale byte

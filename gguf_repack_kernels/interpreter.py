@@ -9,10 +9,20 @@ uint16 bits, and two of its steps then differ from a GPU's (Triton 3.6 to 3.9; b
   [-2, 2]). A GPU's tensor cores multiply bfloat16 values exactly and add the products in
   float32; numpy does the same with the operands widened to float32 first.
 - float32 -> bfloat16 (`.to(tl.bfloat16)`) drops the low 16 bits. A GPU rounds to nearest,
-  ties to even (cvt.rn.bf16.f32), as torch's .to(torch.bfloat16) does.
+  ties to even (cvt.rn.bf16.f32), as torch's .to(torch.bfloat16) does. From float16 or an
+  integer the interpreter converts the bits, not the value; to an integer, likewise; and
+  bfloat16 -> float32 flushes subnormals to zero, which a GPU keeps.
 
-This module makes the two steps what a GPU computes, so every kernel taking bfloat16 x
-(vLLM's default activation dtype) or writing bfloat16 can be checked on CPU. Applied on
+- bfloat16 arithmetic (+, -, *, /, fma, negation, comparisons, min and max) runs on the
+  bits as integers too. A GPU computes on the values (HFMA2.BF16 and its kin on sm_80+),
+  rounding each result to bfloat16.
+
+This module makes these steps what a GPU computes, so every kernel taking bfloat16 x
+(vLLM's default activation dtype), computing in it (the fused GEMM's bfloat16 dequant
+functions) or writing it can be checked on CPU. Arithmetic is done in float32 and rounded
+to bfloat16 once more: a bfloat16 product is exact in float32, a sum or an fma may round
+twice where a GPU rounds once (a result within float32's rounding of a bfloat16 tie), and
+an `a * b + c` that a GPU fuses into one fma rounds here twice, as in float16. Applied on
 import of the kernels when the interpreter is on (gguf_repack_kernels/__init__.py); on a GPU nothing here
 runs.
 
@@ -38,25 +48,58 @@ def bfloat16_bits(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), quiet_nan, rounded).astype(np.uint16)
 
 
+# the interpreter's float operations that take bfloat16 operands (InterpreterBuilder's names)
+BFLOAT16_ARITHMETIC = ("create_fadd", "create_fsub", "create_fmul", "create_fdiv", "create_fma",
+                       "create_fneg", "create_minimumf", "create_maximumf", "create_minnumf",
+                       "create_maxnumf")
+BFLOAT16_COMPARISONS = tuple(f"create_fcmp{c}" for c in (
+    "OLT", "OGT", "OLE", "OGE", "OEQ", "ONE", "ULT", "UGT", "ULE", "UGE", "UEQ", "UNE"))
+
+
 def gpu_bfloat16() -> None:
-    """Patches the interpreter once: bfloat16 dot operands widened to float32 (exact), and
-    float32 -> bfloat16 rounded to nearest even."""
+    """Patches the interpreter once: bfloat16 dot operands widened to float32 (exact),
+    float32 and float16 -> bfloat16 rounded to nearest even, and bfloat16 arithmetic done on
+    the values (in float32, rounded to bfloat16)."""
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
 
     if getattr(InterpreterBuilder, "gguf_repack_bfloat16", False):
         return
     create_dot, cast_impl = InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl
 
+    def widened(self, v):  # bfloat16 -> float32 exactly, subnormals kept (Triton's flushes them)
+        if v.dtype.scalar != tl.bfloat16:
+            return v
+        bits = np.asarray(v.data).view(np.uint16).astype(np.uint32) << np.uint32(16)
+        return TensorHandle(bits.view(np.float32), tl.float32)
+
     def dot(self, a, b, d, *args, **kwargs):
-        a, b = (cast_impl(self, v, tl.float32) if v.dtype.scalar == tl.bfloat16 else v for v in (a, b))
-        return create_dot(self, a, b, d, *args, **kwargs)
+        return create_dot(self, widened(self, a), widened(self, b), d, *args, **kwargs)
 
     def cast(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            return TensorHandle(bfloat16_bits(src.data), tl.bfloat16)
+        to_bf16, from_bf16 = dst_type.scalar == tl.bfloat16, src.dtype.scalar == tl.bfloat16
+        if to_bf16 and not from_bf16:  # a float or an integer: its value, rounded
+            return TensorHandle(bfloat16_bits(src.data.astype(np.float32)), tl.bfloat16)
+        if from_bf16 and not to_bf16:
+            return cast_impl(self, widened(self, src), dst_type)
         return cast_impl(self, src, dst_type)
 
+    def on_values(op, rounded):
+        def run(self, *args):
+            if not any(a.dtype.scalar == tl.bfloat16 for a in args):
+                return op(self, *args)
+            out = op(self, *(widened(self, a) for a in args))
+            return TensorHandle(bfloat16_bits(out.data), tl.bfloat16) if rounded else out
+        return run
+
+    for name in BFLOAT16_ARITHMETIC + BFLOAT16_COMPARISONS:
+        if hasattr(InterpreterBuilder, name):
+            setattr(InterpreterBuilder, name,
+                    on_values(getattr(InterpreterBuilder, name), name in BFLOAT16_ARITHMETIC))
+    def bf16_constant(self, value):  # a bfloat16 scalar (Triton 3.6's interpreter has none)
+        return TensorHandle(bfloat16_bits(np.array([value], np.float32)), tl.bfloat16)
+
     InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl = dot, cast
+    InterpreterBuilder.get_bf16 = bf16_constant
     InterpreterBuilder.gguf_repack_bfloat16 = True
 
 

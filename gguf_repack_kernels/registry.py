@@ -45,6 +45,14 @@ thread c taking run c of every 32 (-3, formats_iquants.signed_grid8_f16). Where 
 function needs more registers than a 64-row tile's accumulator leaves (IQ4_XS's lookups,
 Q2_K, the grid types), `wide_f16` names the one the tiles of BM >= 64 take, with its order
 ("float32": the type's float32 function).
+
+`dequant_bf16` is the same for bfloat16 x (vLLM's default activation dtype), in the same
+order: the float16 function's unpacking under bfloat16's exponent (fields.py: 128 + a value
+under 128, exactly), its arithmetic in bfloat16. A float16 scale is itself rounded to
+bfloat16 first (7 mantissa bits to its 10), so a weight is within two bfloat16 roundings
+where the float16 function rounds once (tests/test_kernels.py holds each type's bound). Not
+for the types whose values fill a byte (Q8_0, the grid types): they take the float32
+function, as they do from BM = 64 on where `wide_f16` says so.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ class Format:
     f16_nibble_run: int = 0  # its columns' order: 0 ggml's, < 0 fragment orders, else nibble groups
     # (function, its f16_nibble_run) for the tiles of BM >= 64, where dequant_f16 spills there
     wide_f16: tuple[object, int] | None = None
+    dequant_bf16: object = None  # dequant_f16 for bfloat16 x, in its order (see above)
 
     @property
     def x_stride(self) -> int:
@@ -85,7 +94,8 @@ FORMATS: dict[str, Format] = {}
 def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
              dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_f16=None,
-             f16_nibble_run: int = 0, wide_f16: tuple[object, int] | str | None = None):
+             f16_nibble_run: int = 0, wide_f16: tuple[object, int] | str | None = None,
+             dequant_bf16=None):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
@@ -93,7 +103,7 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
         assert name not in FORMATS, name
         wide = (fn, 0) if wide_f16 == "float32" else wide_f16
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
-                               dequant_f16, f16_nibble_run, wide)
+                               dequant_f16, f16_nibble_run, wide, dequant_bf16)
         return fn
 
     return wrap

@@ -794,9 +794,11 @@ def test_the_gemm_reads_x_in_the_8_weight_rows_fragment_order():
             assert [order[k] for k in slots] == list(range(start + 8 * c, start + 8 * c + 8))
 
 
-@pytest.mark.parametrize("name, wide", [(n, False) for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16]
-                         + [(n, True) for n in KERNEL_TYPES if kernels.FORMATS[n].wide_f16])
-def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng):
+@pytest.mark.parametrize("name, wide, dtype", [
+    *[(n, False, torch.float16) for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16],
+    *[(n, True, torch.float16) for n in KERNEL_TYPES if kernels.FORMATS[n].wide_f16],
+    *[(n, False, torch.bfloat16) for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_bf16]])
+def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtype, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
     Q5_0, Q8_0, IQ4_NL, NVFP4), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
@@ -807,13 +809,20 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
     d * scale and dmin * min, then d * scale * q - dmin * min. A function that keeps its
     nibbles in place returns them in nibble-group order (registry.py): compared in that
     order (fields.tile_columns, held to it by the test above). The same of a type's wide_f16,
-    the function its tiles of BM >= 64 take (IQ4_XS)."""
+    the function its tiles of BM >= 64 take (IQ4_XS).
+
+    The bfloat16 functions (for bfloat16 x) likewise, in bfloat16: bit for bit where the
+    scale is a power of two or exact in bfloat16 (MXFP4, NVFP4); where a float16 d is itself
+    rounded to bfloat16 first (Q4_0, Q5_0; Q6_K's d * scale), within two roundings; with a
+    min, within a rounding of each term and of the result."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K", "Q5_K",
             "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"} == {
         n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
+    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "NVFP4"} == {
+        n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_bf16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -822,16 +831,22 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
         qtype, planes = make_planes(name, (n, k), rng)
         planes["e"][..., 0] = torch.arange(256, dtype=torch.uint8)
     function, run = fmt.wide_f16 if wide else (fmt.dequant_f16, fmt.f16_nibble_run)
+    if dtype == torch.bfloat16:
+        function = fmt.dequant_bf16
     order = torch.tensor(tile_order(qtype.block_size, run))
     exact = dequantize_planes(planes, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
-    expected = exact.half()
-    got = torch.empty(n, k, dtype=torch.float16)
+    expected = exact.to(dtype)
+    got = torch.empty(n, k, dtype=dtype)
     with np.errstate(over="ignore"):  # MXFP4's largest scales: infinite weights, as expected
         _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), got, n,
                                                        BLOCK=qtype.block_size, BN=256 if n > 64 else 64,
                                                        DQ=function)
-    eps = torch.finfo(torch.float16).eps
-    if name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
+    # float16's least subnormal, and bfloat16's (or a rounding of one at least)
+    eps, tiny = (torch.finfo(dtype).eps, 2 ** -24 if dtype == torch.float16 else 2 ** -126)
+    if dtype == torch.bfloat16 and name in ("Q4_0", "Q5_0", "Q6_K"):
+        # d (or d * scale) rounded to bfloat16, then the product: within two roundings
+        assert ((got.float() - exact).abs() <= (eps + eps ** 2) * exact.abs() + tiny).all()
+    elif name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
     elif name in ("IQ4_XS", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"):
         # d times the sub-block's scale rounded to float16, then its product with q
@@ -842,11 +857,11 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, rng)
         # planes with dmin zeroed; the min's term is what it leaves of the weight)
         no_min = {**planes, "dmin": torch.zeros_like(planes["dmin"])}
         scaled = dequantize_planes(no_min, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
-        bound = eps * (scaled.abs() + (scaled - exact).abs() + exact.abs()) + 2 ** -24
+        bound = eps * (scaled.abs() + (scaled - exact).abs() + exact.abs()) + tiny
         assert ((got.float() - exact).abs() <= bound).all()
-    else:
+    else:  # Q4_1, Q5_1 (in bfloat16 m is rounded too)
         m = planes["m"].float()[..., 0].T.repeat_interleave(qtype.block_size, dim=1)  # [N, K]
-        bound = eps * ((exact - m).abs() + exact.abs()) + 2 ** -24
+        bound = eps * ((exact - m).abs() + exact.abs() + (dtype == torch.bfloat16) * m.abs()) + tiny
         assert ((got.float() - exact).abs() <= bound).all()
 
 
@@ -961,7 +976,9 @@ def test_expert_tiles_hold_one_expert_each_and_skip_unchosen_experts():
 
 def test_the_interpreter_computes_bfloat16_as_a_gpu():
     """gguf_repack_kernels/interpreter.py: under the interpreter a bfloat16 dot multiplies values (not
-    their uint16 bits) and float32 -> bfloat16 rounds to nearest even, as a GPU and torch do."""
+    their uint16 bits), float32, float16 and integers -> bfloat16 round to nearest even, and
+    bfloat16 arithmetic is on the values, each result rounded, subnormals kept, as a GPU and
+    torch do."""
     from gguf_repack_kernels.interpreter import bfloat16_bits
 
     @triton.jit
@@ -981,6 +998,26 @@ def test_the_interpreter_computes_bfloat16_as_a_gpu():
     values[:3] = torch.tensor([float("inf"), -float("inf"), 0.0])
     torch_bits = values.bfloat16().view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(bfloat16_bits(values.numpy()), torch_bits)
+
+    @triton.jit
+    def arithmetic_kernel(A, B, H, OUT):
+        i = tl.arange(0, 64)
+        a, b = tl.load(A + i), tl.load(B + i)
+        tl.store(OUT + i, a * b)
+        tl.store(OUT + 64 + i, a - b)
+        tl.store(OUT + 128 + i, -a / b)
+        tl.store(OUT + 192 + i, (i - 32).to(tl.bfloat16))
+        tl.store(OUT + 256 + i, tl.load(H + i).to(tl.bfloat16))
+        tl.store(OUT + 320 + i, tl.where(a < b, a, b))
+
+    a, b = torch.randn(64, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16()
+    a[:4] = torch.tensor([2.0 ** -130, -(2.0 ** -127), 2.0 ** -133, 1.0])  # subnormals
+    b[:4] = torch.tensor([2.0 ** 10, 2.0 ** 127, 1.0, 2.0 ** -100])
+    h = torch.randn(64, generator=g).half()
+    out = torch.empty(6 * 64, dtype=torch.bfloat16)
+    arithmetic_kernel[(1,)](a, b, h, out)
+    assert torch.equal(out.view(6, 64), torch.stack([
+        a * b, a - b, -a / b, (torch.arange(64) - 32).bfloat16(), h.bfloat16(), torch.minimum(a, b)]))
 
 
 def test_the_interpreter_patches_the_language_once_a_launch(monkeypatch, rng):

@@ -24,8 +24,9 @@ def default_tile(name, bm, act="fp16"):
     """The tile before any device was looked at (what sm_90 fp16 must still get)."""
     block = kernels.FORMATS[name].block_size
     bn = configs.GEMM_M16_BN.get(name, 64 if block >= 256 else 128) if bm == 16 else 32
-    if bm == 16 and act == "fp16" and name in configs.GEMM_M16_BN_F16:  # float16 x's wider tile
-        bn = configs.GEMM_M16_BN_F16[name]
+    half = {"fp16": configs.GEMM_M16_BN_F16, "bf16": configs.GEMM_M16_BN_BF16}.get(act, {})
+    if bm == 16 and name in half:  # the wider tile of a float16 or bfloat16 dequant function
+        bn = half[name]
     if (bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES  # the weight tile as A
             and not (name in configs.SWAP_AB_F16_BM32_ONLY and (bm > 32 or act != "fp16"))):
         bn = 64 if block >= 256 else 128
