@@ -41,6 +41,9 @@ SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 # beside what it estimates from the SASS
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048]
 GEMV_M = 8
+# the M at which the product with bfloat16 x is timed too (the BM = 16 and 32 tiles), for the
+# types with bfloat16 dequant functions
+BF16_BATCHES = (16, 32)
 
 
 def parse() -> argparse.Namespace:
@@ -188,6 +191,10 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
             # a block column a step, side by side with the default
             t["one-block steps"] = timer(lambda: kernels.matmul(x, next(planes), name, (n, k),
                                                                 tile={"STEP_BLOCKS": 1}))
+        if m in BF16_BATCHES and kernels.FORMATS[name].dequant_bf16 is not None:
+            # bfloat16 x (vLLM's default), the tiles' bfloat16 dequant functions (registry.py)
+            xb = x.bfloat16()
+            t["rp1 bf16 x"] = timer(lambda: kernels.matmul(xb, next(planes), name, (n, k)))
         t["rp1 eager"] = timer.eager(lambda: kernels.matmul(x, next(planes), name, (n, k)))
         # what the rp1 product launches, each kernel's device time (at the GEMV's M and 16)
         breakdown = kernel_breakdown(lambda: kernels.matmul(x, next(planes), name, (n, k)),
@@ -271,17 +278,18 @@ def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
              "call replayed from a CUDA graph; eager: back-to-back calls, Python and launch "
              "included", "",
              "| type | N x K | M | rp1 | GB/s (of copy) or TFLOP/s | vs fp16 matmul | vs raw layout "
-             "| dequant+matmul | rp1, one block a K step | rp1 eager | fp16 eager |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dequant+matmul | rp1, one block a K step | rp1, bf16 x | rp1 eager | fp16 eager |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         perf = (f"{r['GB/s']:.0f} GB/s ({100 * r['copy_fraction']:.0f}%)" if "GB/s" in r
                 else f"{r['TFLOP/s']:.1f} TFLOP/s")
         raw = f"{r['vs_raw']:.2f}x" if r["vs_raw"] else "-"
         one_block = (f"{r['seconds']['one-block steps'] * 1e6:.1f} us"
                      if "one-block steps" in r["seconds"] else "-")
+        bf16 = f"{r['seconds']['rp1 bf16 x'] * 1e6:.1f} us" if "rp1 bf16 x" in r["seconds"] else "-"
         lines.append(f"| {r['type']} | {r['N']} x {r['K']} | {r['M']} | "
                      f"{r['seconds']['rp1'] * 1e6:.1f} us | {perf} | {r['vs_fp16']:.2f}x | {raw} | "
-                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | {one_block} | "
+                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | {one_block} | {bf16} | "
                      f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | "
                      f"{r['seconds']['fp16 eager'] * 1e6:.1f} us |")
     broken = [r for r in rows if r.get("rp1_kernels_us")]

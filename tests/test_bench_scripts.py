@@ -21,7 +21,8 @@ def test_gpu_check_smoke(tmp_path):
     expert products included: a GEMV a pair and one-expert tiles), the small llama's and the
     small Qwen3-MoE's greedy tokens match; the CUDA-graph part's steps (without a graph on
     CPU) for Q4_K. Its bench part is scripts/bench_gpu.py's smoke run, checked here: every
-    type's row timed, the raw-layout baseline beside it, the expert products' rows."""
+    type's row timed, the raw-layout baseline beside it, bfloat16 x at the tiles' M, the
+    expert products' rows."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--types",
                     "Q4_K", "--out", str(tmp_path)], check=True, capture_output=True,
                    timeout=900)
@@ -37,6 +38,9 @@ def test_gpu_check_smoke(tmp_path):
     assert any(r["vs_raw"] for r in bench["rows"])  # the raw-layout baseline ran
     # the fused tile of Q4_0 (M = 16) beside its one-block K steps; none for Q4_K's 256 weights
     assert {(r["type"], r["M"]) for r in bench["rows"] if "one-block steps" in r["seconds"]} == {("Q4_0", 16)}
+    # bfloat16 x beside it at the tiles' M (both types have bfloat16 dequant functions)
+    assert {(r["type"], r["M"]) for r in bench["rows"] if "rp1 bf16 x" in r["seconds"]} == {
+        ("Q4_0", 16), ("Q4_K", 16)}
     # the expert products' rows (#31's MoE measure: touched experts' bytes against the copy)
     assert [(r["type"], r["tokens"], r["path"]) for r in bench["expert_rows"]] == [
         ("Q4_0", 1, "gemv"), ("Q4_K", 1, "gemv")]
