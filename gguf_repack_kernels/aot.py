@@ -393,10 +393,11 @@ def _issue_seconds(programs: int, iterations: int, loop_instructions: int, num_w
 
 def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
                           gemm_rows: dict[int, dict], gemv_row: dict | None = None,
-                          ms=(16, 128, 2048), shape=SHAPE) -> list[dict]:
-    """Estimated time of x @ W.T for `shape` (N, K) on an H200 at each M of `ms` by every path there is
-    a compile for, against an fp16 matmul (the same product with an fp16 weight) and the
-    ideal (the same with the quantized weight's bytes), in seconds; the model of issue #31:
+                          ms=(16, 128, 2048), shape=SHAPE, act: str = "fp16") -> list[dict]:
+    """Estimated time of x @ W.T for `shape` (N, K) on an H200 at each M of `ms` by every path
+    there is a compile for (the launch configurations for x of dtype `act`, as compiled),
+    against an fp16 matmul (the same product with an fp16 weight) and the ideal (the same
+    with the quantized weight's bytes), in seconds; the model of issue #31:
     - a kernel's issue: programs on the busiest SM x loop iterations x the loop's warp-
       instructions / 4 an SM-cycle (`_issue_seconds`);
     - fused GEMM (`gemm_rows` by BM, or by (BM, SPLIT_K) where compiled at each split K, which
@@ -445,7 +446,7 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
 
     def fused_gemm(m, bm, serial=False):
         cfg = configs.gemm_config(type_name, block, m, n, n_blocks, configs.KNOWN_DEVICES[90],
-                                  "fp16", bm=bm)
+                                  act, bm=bm)
         g = gemm_rows.get((bm, cfg["SPLIT_K"])) or gemm_rows.get(bm) or next(
             row for key, row in gemm_rows.items() if isinstance(key, tuple) and key[0] == bm)
         assert (g["bm"], g["bn"]) == (cfg["BM"], cfg["BN"]), (g["tile"], cfg)
@@ -462,7 +463,7 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
     bms = sorted({key if isinstance(key, int) else key[0] for key in gemm_rows})
     gemv_issue = None
     if gemv_row is not None:
-        c = configs.gemv_dot_config(type_name, 1, n, n_blocks, configs.KNOWN_DEVICES[90], "fp16")
+        c = configs.gemv_dot_config(type_name, 1, n, n_blocks, configs.KNOWN_DEVICES[90], act)
         gemv_issue = _issue_seconds(-(-n // c["BN"]) * c["SPLIT_K"],
                                     -(-n_blocks * c["PARTS"] // c["SPLIT_K"]),
                                     gemv_row["loop_instructions"], c["num_warps"])

@@ -50,43 +50,45 @@ CONFIGS = Path(configs.__file__)
 BEGIN, END = "# BEGIN estimate_paths --write-configs\n", "# END estimate_paths --write-configs\n"
 
 
-def _compile(task: tuple[str, str, int | None]) -> tuple[str, str, dict]:
-    name, family, m = task
-    compiled, cfg, nbytes = compile_family(family, name, 90, "fp16", m)
+def _compile(task: tuple[str, str, int | None, str]) -> tuple[str, str, dict]:
+    name, family, m, act = task
+    compiled, cfg, nbytes = compile_family(family, name, 90, act, m)
     row = {"config": cfg, **sass_summary(compiled, cfg["num_warps"], nbytes)}
     row.pop("loop_opcodes")
     if FAMILIES[family]:
         row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
                                 FORMATS[name].block_size * cfg.get("STEP_BLOCKS", 1)))
-    print(f"compiled {name} {family} sm_90 fp16 {cfg}", file=sys.stderr)
+    print(f"compiled {name} {family} sm_90 {act} {cfg}", file=sys.stderr)
     return name, family, row
 
 
-def _tasks(name: str, ms, shapes=(SHAPE,)) -> list[tuple[str, str, int | None]]:
-    """The compiles the estimate of `name` needs: the GEMV and dequantize kernels, and each
-    GEMM tile at one M of each split K it takes over `ms` for the 4096 x 4096 weight (split
-    K is a constexpr of its loop; other shapes take the nearest compile of the tile)."""
+def _tasks(name: str, ms, act: str = "fp16") -> list[tuple[str, str, int | None, str]]:
+    """The compiles the estimate of `name` needs with activations `act`: the GEMV and
+    dequantize kernels, and each GEMM tile at one M of each split K it takes over `ms` for
+    the 4096 x 4096 weight (split K is a constexpr of its loop; other shapes take the nearest
+    compile of the tile)."""
     n, k = SHAPE
     block = FORMATS[name].block_size
-    tasks = [(name, family, None) for family, bm in FAMILIES.items() if not bm]
+    tasks = [(name, family, None, act) for family, bm in FAMILIES.items() if not bm]
     for family, bm in FAMILIES.items():
         # BM = 128 is a swapped tile only (configs.swap_ab): elsewhere it is BM = 64's
-        if bm and (bm < 128 or configs.swap_ab(name, bm, "fp16")):
+        if bm and (bm < 128 or configs.swap_ab(name, bm, act)):
             splits = {}
             for m in ms:
                 cfg = configs.gemm_config(name, block, m, n, k // block, configs.KNOWN_DEVICES[90],
-                                          "fp16", bm=bm)
+                                          act, bm=bm)
                 splits.setdefault(cfg["SPLIT_K"], m)
-            tasks += [(name, family, m) for m in splits.values()]
+            tasks += [(name, family, m, act) for m in splits.values()]
     return tasks
 
 
-def estimate(types, jobs: int, ms=PATH_MS, shapes=(SHAPE,)) -> dict:
+def estimate(types, jobs: int, ms=PATH_MS, shapes=(SHAPE,), act: str = "fp16") -> dict:
     """{type: matmul_path_estimates' rows at each M of `ms`} for one shape (N, K), or
-    {(N, K): that} for several."""
+    {(N, K): that} for several; the kernels compiled for activations `act` (the fp16 matmul
+    and the ideal are the same for bf16 x: an H200 multiplies both at one rate)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    tasks = [t for name in types for t in _tasks(name, ms)]
+    tasks = [t for name in types for t in _tasks(name, ms, act)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             compiled = list(pool.map(_compile, tasks))
@@ -104,7 +106,7 @@ def estimate(types, jobs: int, ms=PATH_MS, shapes=(SHAPE,)) -> dict:
             type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
             out.setdefault(shape, {})[name] = matmul_path_estimates(
                 name, type_size, rows[name, "dequantize"], gemm[name], rows[name, "gemv"], ms,
-                shape)
+                shape, act)
     return out[shapes[0]] if len(shapes) == 1 else out
 
 

@@ -25,8 +25,9 @@ gguf_repack_kernels/configs.py for a 4096 x 4096 weight.
 128, 256, 1024, 2048 and each weight of N x K = 4096 x 4096, 14336 x 4096 and 4096 x 14336,
 the path and tile the dispatcher takes and the estimate of scripts/estimate_paths.py (the
 model of gguf_repack_kernels/aot.py: matmul_path_estimates, from the sm_90 SASS; estimates, not GPU
-timings): speedup over an fp16 matmul and fraction of the ideal. `--json` rows: type, M, N,
-K, path, tile, speedup_vs_fp16, fraction_of_ideal.
+timings): speedup over an fp16 matmul and fraction of the ideal. `--json` rows: type, act, M,
+N, K, path, tile, speedup_vs_fp16, fraction_of_ideal. `--act bf16` compiles the kernels for
+bfloat16 x (vLLM's default) instead of float16; the fp16 matmul and the ideal are the same.
 
 Run without TRITON_INTERPRET (it is removed here): interpreted kernels cannot be compiled.
 """
@@ -163,7 +164,7 @@ def main() -> None:
                     help="the path and its estimate at each M and weight shape (see above)")
     args = ap.parse_args()
     if args.batch_sweep:
-        return batch_sweep(args.types.split(","), args.jobs, args.json)
+        return batch_sweep(args.types.split(","), args.jobs, args.json, args.act)
     archs = [int(a) for a in args.arch.split(",")]
     acts = args.act.split(",")
     families = (args.families or ",".join(DEFAULT_FAMILIES)).split(",")
@@ -243,12 +244,15 @@ SWEEP_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048)
 SWEEP_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336))
 
 
-def batch_sweep(types: list[str], jobs: int, json_path: Path | None) -> None:
+def batch_sweep(types: list[str], jobs: int, json_path: Path | None, act: str = "fp16") -> None:
     """The path and tile at each M and shape, with the estimate's speedup over fp16 and
-    fraction of the ideal (estimate_paths.estimate), as markdown and `json_path` rows."""
+    fraction of the ideal (estimate_paths.estimate) for x of dtype `act`, as markdown and
+    `json_path` rows."""
     from estimate_paths import estimate
 
-    by_shape = estimate(types, jobs, SWEEP_MS, SWEEP_SHAPES)
+    if act not in ("fp16", "bf16"):
+        raise SystemExit(f"error: --batch-sweep takes --act fp16 or bf16, not {act}")
+    by_shape = estimate(types, jobs, SWEEP_MS, SWEEP_SHAPES, act)
     rows = []
     for (n, k), estimates in by_shape.items():
         print(f"\nN x K = {n} x {k}: path (tile), speedup over fp16 / fraction of ideal "
@@ -259,7 +263,7 @@ def batch_sweep(types: list[str], jobs: int, json_path: Path | None) -> None:
             cells = []
             for e in ests:
                 path = "gemm" if e["tile"].startswith("gemm") else e["tile"]
-                rows.append({"type": name, "M": e["M"], "N": n, "K": k, "path": path,
+                rows.append({"type": name, "act": act, "M": e["M"], "N": n, "K": k, "path": path,
                              "tile": e["tile"], "speedup_vs_fp16": round(e["speedup"], 3),
                              "fraction_of_ideal": round(e["fraction_of_ideal"], 3)})
                 tile = e["tile"].replace("gemm_", "").replace("dequantize+matmul", "dq+mm")
