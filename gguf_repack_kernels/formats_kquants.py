@@ -311,8 +311,8 @@ def by_thread_and_field(x):
 
 
 @triton.jit
-def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """Q2_K for the fused GEMM's tiles of BM <= 32 with float16 x, in the 2-bit fragment order
+def q2_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+    """Q2_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in the 2-bit fragment order
     (fields.tile_columns, RUN = -2): an MMA fragment's thread c unpacks qs bytes 16c..16c+15,
     a word at a time (bytes l = 16 (c % 2)... of half n = c // 2; field k of byte l is
     weight 128n + 32k + l, of sub-block 8n + 2k + c % 2), so it needs 4 of the 16 scales and
@@ -320,11 +320,13 @@ def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     fragments unpacks nibbles; d * scale and dmin * min rounded to float16 once a sub-block,
     then one HFMA a pair, as q4_k_f16 (and as there, d and dmin loaded alone)."""
     R: tl.constexpr = rows.shape[0]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
+    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
     t = qs_fragment_words(P1, j, rows, mask, N)
     Z = row_zero(rows)[:, None, None, None]
     s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
-    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (0x64006400 + Z)
-    q = tl.reshape(f16_halves(v), (R, 4, 4, 4, 2, 2)) - 1024.0  # [R, c, i, k, s1, half]
+    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (ONES + Z)
+    q = tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2)) - BASE  # [R, c, i, k, s1, half]
     # The weight tile still reaches the MMA through shared memory (sm_90, BM = 16: 16 STS.128
     # a step): with scales that vary by sub-block, Triton's hoisting of the MMA operand's
     # layout back to the loads stops at a value that is not a load or a constant
@@ -333,16 +335,27 @@ def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # two loads: 718 -> 655; d and dmin in words: 767 (BENCHMARKS.md "Q2_K in float16").
     sc = concat(field_run(P0, j, rows, mask, N, 16, 0, 8, tl.uint8),
                 field_run(P0, j, rows, mask, N, 16, 8, 8, tl.uint8))  # sub-block 8n + 2k + c % 2
-    dl = (field_f16(P2, j, rows, mask, N) * (sc & 15).to(tl.float32)).to(tl.float16)
-    ml = (field_f16(P3, j, rows, mask, N) * (sc >> 4).to(tl.float32)).to(tl.float16)
+    dl = (field_f16(P2, j, rows, mask, N) * (sc & 15).to(tl.float32)).to(DT)
+    ml = (field_f16(P3, j, rows, mask, N) * (sc >> 4).to(tl.float32)).to(DT)
     # [R, c, i, k, s1, half] -> column 16 (4i + k) + 8 s1 + 2c + half: fragment_order_256's
     # permutation of the same registers
     q = q * by_thread_and_field(dl) - by_thread_and_field(ml)
     return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
 
 
+@triton.jit
+def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q2_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def q2_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q2_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
+
+
 @register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2),
-          x_int8=True, dequant_f16=q2_k_f16, f16_nibble_run=-2, wide_f16="float32")
+          x_int8=True, dequant_f16=q2_k_f16, dequant_bf16=q2_k_bf16, f16_nibble_run=-2,
+          wide_f16="float32")
 @triton.jit
 def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P0, j, rows, mask, N, 16)
@@ -353,14 +366,16 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q3_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """Q3_K for the fused GEMM's tiles of BM <= 32 with float16 x, in Q2_K's fragment order
-    (q2_k_f16: the same low 2 bits in qs), each field's high bit from hmask (bit 4n + k of
-    byte l for weight 128n + 32k + l; thread c reads hmask bytes 16 (c % 2)...) put at bit
-    2, then 1028 off exactly. d times the sub-block's scale is rounded to float16, then
-    times the value: two roundings where the float32 function has one (within the GEMM's
-    tolerance), as Q6_K's and IQ4_XS's float16 functions."""
+def q3_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+    """Q3_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in Q2_K's
+    fragment order (q2_k_f16: the same low 2 bits in qs), each field's high bit from hmask
+    (bit 4n + k of byte l for weight 128n + 32k + l; thread c reads hmask bytes 16 (c % 2)...)
+    put at bit 2, then 1028 off exactly (bfloat16: 132). d times the sub-block's scale is
+    rounded to float16, then times the value: two roundings where the float32 function has
+    one (within the GEMM's tolerance), as Q6_K's and IQ4_XS's float16 functions."""
     R: tl.constexpr = rows.shape[0]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
+    BIAS: tl.constexpr = 132.0 if DT == tl.bfloat16 else 1028.0
     t = qs_fragment_words(P1, j, rows, mask, N)
     c = tl.arange(0, 4)[None, :, None]
     word = 4 * (c % 2) + tl.arange(0, 4)[None, None, :]  # thread c's hmask words
@@ -373,17 +388,27 @@ def q3_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1)
     k = s // 2
     s1 = s % 2
-    high = (th >> (k + 8 * s1)) & (0x00040004 + Z) | (0x64006400 + Z)
+    high = (th >> (k + 8 * s1)) & (0x00040004 + Z) | (ONES + Z)
     v = (t >> (2 * k + 8 * s1)) & (0x00030003 + Z) | high
-    q = tl.reshape(f16_halves(v), (R, 4, 4, 4, 2, 2)) - 1028.0  # [R, c, i, k, s1, half]
+    q = tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2)) - BIAS  # [R, c, i, k, s1, half]
     # d loaded alone (a memory latency a step): read in words (field_f16_words) the tile spilled
     # (sm_90, BM = 16: 2549 instructions a step against 970)
-    dl = (field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)).to(tl.float16)
+    dl = (field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)).to(DT)
     return fragment_order_256(tl.reshape(q * by_thread_and_field(dl), (R, 4, 8, 2, 2, 2)))
 
 
+@triton.jit
+def q3_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q3_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def q3_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return q3_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
+
+
 @register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True,
-          dequant_f16=q3_k_f16, f16_nibble_run=-2, wide_f16="float32")
+          dequant_f16=q3_k_f16, dequant_bf16=q3_k_bf16, f16_nibble_run=-2, wide_f16="float32")
 @triton.jit
 def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = field_f16_words(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)
