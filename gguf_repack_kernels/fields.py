@@ -298,6 +298,14 @@ BYTE_PAIR_SCALED_F16_PTX = tl.constexpr(
     "{ .reg .b32 t; prmt.b32 t, $1, $2, $3; sub.f16x2 t, t, $4; mul.f16x2 $0, t, $5; }")
 
 
+# the same in bfloat16 (its exponent byte 0x43: bytes under 128), as fmas: sm_80 has no sub
+# or mul of bfloat16 pairs (sm_90's are fmas too); the pair plus -BIAS, exactly, then times
+# the scale plus -0.0 (a product's sign and zero kept), rounded once
+BYTE_PAIR_SCALED_BF16_PTX = tl.constexpr(
+    "{ .reg .b32 t, one, nz; mov.b32 one, 0x3F803F80; mov.b32 nz, 0x80008000; "
+    "prmt.b32 t, $1, $2, $3; fma.rn.bf16x2 t, t, one, $4; fma.rn.bf16x2 $0, t, $5, nz; }")
+
+
 # byte_pairs_f16's PRMT of bytes made unsigned by + 128 (signed ones XORed with 0x80), then
 # less the 1152 that leaves them exact, plus a delta and times a scale, float16 pairs each: the
 # 1-bit grids' (grid + delta) * scale (the delta is not exact in 1152 - delta)
@@ -308,7 +316,7 @@ BYTE_PAIR_SHIFTED_F16_PTX = tl.constexpr(
 
 @triton.jit
 def f16_pair_word(x):
-    """float16 [...] -> int32 [...]: x in both halves of a word (a float16 pair)."""
+    """float16 (or bfloat16) [...] -> int32 [...]: x in both halves of a word (a pair)."""
     bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     return bits | (bits << 16)
 
@@ -322,18 +330,26 @@ def byte_pairs_scaled_f16(w, Z, scale, BIAS: tl.constexpr):
 
 
 @triton.jit
-def byte_pairs_times_f16(w, Z, scales, BIAS: tl.constexpr):
+def byte_pairs_times_f16(w, Z, scales, BIAS: tl.constexpr, DT: tl.constexpr = tl.float16):
     """byte_pairs_scaled_f16 with a scale for each half: `scales` int32 [R, n, 2] (or one
-    that broadcasts to it), float16 pairs, pair h's for pair h of each word."""
+    that broadcasts to it), float16 pairs, pair h's for pair h of each word. DT bfloat16:
+    bfloat16 pairs, bytes under 128, BIAS from 128 + each."""
     h = tl.arange(0, 2)[None, None, :]
-    bias = f16_pair_word(tl.full((1,), BIAS, tl.float16))[None, None, :] + Z[:, :, None]
     if INTERPRETED:  # byte_pairs_f16's pairs, then the float16 arithmetic the PTX does
-        pair = tl.reshape(byte_pairs_f16(w[:, :, None], Z[:, :, None]), (w.shape[0], w.shape[1], 2))
-        lo = (f16_half(pair) - BIAS) * f16_half(scales)
-        hi = (f16_half(shr(pair, 16)) - BIAS) * f16_half(shr(scales, 16))
+        pair = tl.reshape(byte_pairs_f16(w[:, :, None], Z[:, :, None], DT), (w.shape[0], w.shape[1], 2))
+        lo = (pair.to(tl.int16).to(DT, bitcast=True) - BIAS) * scales.to(tl.int16).to(DT, bitcast=True)
+        hi = (shr(pair, 16).to(tl.int16).to(DT, bitcast=True) - BIAS) \
+            * shr(scales, 16).to(tl.int16).to(DT, bitcast=True)
         return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
             | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    elif DT == tl.bfloat16:
+        negative_bias = f16_pair_word(tl.full((1,), -BIAS, tl.bfloat16))[None, None, :] + Z[:, :, None]
+        return tl.inline_asm_elementwise(
+            BYTE_PAIR_SCALED_BF16_PTX, "=r,r,r,r,r,r",
+            [w[:, :, None], 0x43434343 + Z[:, :, None], 0x4140 + 0x202 * h, negative_bias, scales],
+            dtype=tl.int32, is_pure=True, pack=1)
     else:
+        bias = f16_pair_word(tl.full((1,), BIAS, tl.float16))[None, None, :] + Z[:, :, None]
         return tl.inline_asm_elementwise(
             BYTE_PAIR_SCALED_F16_PTX, "=r,r,r,r,r,r",
             [w[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, scales],

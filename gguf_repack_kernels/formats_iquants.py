@@ -612,7 +612,7 @@ def grid_words(TABLE, idx, WORDS: tl.constexpr, AT: tl.constexpr):
 
 
 @triton.jit
-def signed_grid8_f16(words, signs, db, Z):
+def signed_grid8_f16(words, signs, db, Z, DT: tl.constexpr = tl.float16):
     """Runs of 8 grid values (words [R, n, 2] of their bytes, all positive: grid_words),
     their sign bytes [R, n] (int32) and scales db (float16 [R, g], one per n / g runs) -> float16
     [R, 8n] in the 8-weight runs' fragment order (fields.tile_columns, RUN = -3): in each 32
@@ -621,6 +621,8 @@ def signed_grid8_f16(words, signs, db, Z):
     registers.
     Two bytes a PRMT under float16's exponent, 1024 off exactly, times db with the pair's
     signs XORed in: one rounding (the grid values are small integers). Z: row_zero [R, 1].
+    DT bfloat16: db bfloat16, the bytes under its exponent (the grid values are under 128),
+    128 off.
     The grid as bytes, 8 of them an 8-weight run through the L1 and shared memory, where
     float16 rows (16 bytes) and sign words looked up (16 more) took fewer instructions
     (IQ2_XXS's BM = 16 tile, sm_90, d loaded alone in both: 517 against 704 a step) but 4
@@ -629,27 +631,38 @@ def signed_grid8_f16(words, signs, db, Z):
     n: tl.constexpr = words.shape[1]
     G: tl.constexpr = db.shape[1]
     pairs = tl.reshape(sign_words(signs), (R, G, n // G, 4))  # word 2a + b: bytes 4a + 2b, +1
+    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
     scales = tl.reshape(f16_pair_word(db)[:, :, None, None] ^ pairs, (R, 2 * n, 2))
-    q = f16_halves(byte_pairs_times_f16(tl.reshape(words, (R, 2 * n)), Z, scales, 1024.0))
+    q = f16_halves(byte_pairs_times_f16(tl.reshape(words, (R, 2 * n)), Z, scales, BASE, DT), DT)
     return fragment_order_runs8(tl.reshape(q, (R, n // 4, 4, 2, 2, 2)))
 
 
 @triton.jit
-def iq2_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ2_XXS for the fused GEMM with float16 x, in the 8-weight runs' fragment order
+def iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ2_XXS for the fused GEMM with float16 (or bfloat16) x, in the 8-weight runs' fragment order
     (signed_grid8_f16): db = d * (0.5 + scale) * 0.25 rounded to float16 once a group of 32,
     then its product with each grid value: two roundings where the float32 function has one
     (within the GEMM's tolerance, as IQ4_XS's)."""
     R: tl.constexpr = rows.shape[0]
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
     idx_words, aux = tl.split(tl.reshape(field(P1, j, rows, mask, N, 16, tl.uint32), (R, 8, 2)))
-    db = scale_2bit(d, aux >> 28).to(tl.float16)  # [R, 8]
+    db = scale_2bit(d, aux >> 28).to(DT)  # [R, 8]
     words = grid_words(TABLE, bitfields(idx_words, 8, 4, 0xFF), 2, KSIGNS)
-    return signed_grid8_f16(words, ksigns_byte(bitfields(aux, 7, 4, 0x7F)), db, row_zero(rows)[:, None])
+    return signed_grid8_f16(words, ksigns_byte(bitfields(aux, 7, 4, 0x7F)), db, row_zero(rows)[:, None], DT)
+
+
+@triton.jit
+def iq2_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def iq2_xxs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
 
 
 @register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot,
-          dequant_f16=iq2_xxs_f16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_f16=iq2_xxs_f16, dequant_bf16=iq2_xxs_bf16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]
@@ -663,19 +676,29 @@ def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def iq2_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ2_XS for the fused GEMM with float16 x, as iq2_xxs_f16: a 16-bit field a grid row
+def iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ2_XS for the fused GEMM with float16 (or bfloat16) x, as iq2_xxs_f16: a 16-bit field a grid row
     (9-bit row, 7-bit ksigns index), a 4-bit scale every 16 weights."""
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
     q = field(P1, j, rows, mask, N, 32, tl.uint16).to(tl.int32)
     scales = bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 4, 8, 0x0F)
-    db = scale_2bit(d, scales).to(tl.float16)  # [R, 16]
+    db = scale_2bit(d, scales).to(DT)  # [R, 16]
     return signed_grid8_f16(grid_words(TABLE, q & 0x1FF, 2, KSIGNS), ksigns_byte(q >> 9), db,
-                            row_zero(rows)[:, None])
+                            row_zero(rows)[:, None], DT)
+
+
+@triton.jit
+def iq2_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def iq2_xs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
 
 
 @register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot,
-          dequant_f16=iq2_xs_f16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_f16=iq2_xs_f16, dequant_bf16=iq2_xs_bf16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -686,19 +709,29 @@ def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def iq2_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ2_S for the fused GEMM with float16 x, as iq2_xxs_f16: a 10-bit grid row (its low
+def iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ2_S for the fused GEMM with float16 (or bfloat16) x, as iq2_xxs_f16: a 10-bit grid row (its low
     byte in qs, 2 bits in qh) and a sign byte every 8 weights, a 4-bit scale every 16."""
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
     low = bitfields(field_run(P1, j, rows, mask, N, 16, 0, 8, tl.uint32), 8, 4, 0xFF)
     signs = bitfields(field_run(P1, j, rows, mask, N, 16, 8, 8, tl.uint32), 8, 4, 0xFF)
     idx = low | (bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 2, 16, 0x03) << 8)
-    db = scale_2bit(d, bitfields(field(P3, j, rows, mask, N, 2, tl.uint32), 4, 8, 0x0F)).to(tl.float16)
-    return signed_grid8_f16(grid_words(TABLE, idx, 2, 0), signs, db, row_zero(rows)[:, None])
+    db = scale_2bit(d, bitfields(field(P3, j, rows, mask, N, 2, tl.uint32), 4, 8, 0x0F)).to(DT)
+    return signed_grid8_f16(grid_words(TABLE, idx, 2, 0), signs, db, row_zero(rows)[:, None], DT)
+
+
+@triton.jit
+def iq2_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def iq2_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
 
 
 @register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot,
-          dequant_f16=iq2_s_f16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_f16=iq2_s_f16, dequant_bf16=iq2_s_bf16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -714,19 +747,29 @@ def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def iq3_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ3_XXS for the fused GEMM with float16 x, as iq2_xxs_f16: two 4-wide grid rows an
+def iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ3_XXS for the fused GEMM with float16 (or bfloat16) x, as iq2_xxs_f16: two 4-wide grid rows an
     8-weight run, db = d * (0.5 + scale) * 0.5."""
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
     idx = bitfields(field_run(P1, j, rows, mask, N, 24, 0, 16, tl.uint32), 8, 4, 0xFF)
     aux = field_run(P1, j, rows, mask, N, 24, 16, 8, tl.uint32)
-    db = (d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5).to(tl.float16)
+    db = (d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5).to(DT)
     return signed_grid8_f16(grid_words(TABLE, idx, 1, KSIGNS), ksigns_byte(bitfields(aux, 7, 4, 0x7F)),
-                            db, row_zero(rows)[:, None])
+                            db, row_zero(rows)[:, None], DT)
+
+
+@triton.jit
+def iq3_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def iq3_xxs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
 
 
 @register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot,
-          dequant_f16=iq3_xxs_f16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_f16=iq3_xxs_f16, dequant_bf16=iq3_xxs_bf16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -739,8 +782,8 @@ def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def iq3_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ3_S for the fused GEMM with float16 x, as iq3_xxs_f16: two 9-bit 4-wide grid rows
+def iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ3_S for the fused GEMM with float16 (or bfloat16) x, as iq3_xxs_f16: two 9-bit 4-wide grid rows
     (low byte in qs, the high bit in qh) and a sign byte every 8 weights, db = d * (1 + 2 *
     scale) every 32."""
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
@@ -748,12 +791,22 @@ def iq3_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     idx = low | (bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 1, 32, 0x01) << 8)
     signs = bitfields(field(P3, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF)
     scale = bitfields(field(P4, j, rows, mask, N, 1, tl.uint32), 4, 8, 0x0F)
-    db = (d * (1 + 2 * scale).to(tl.float32)).to(tl.float16)
-    return signed_grid8_f16(grid_words(TABLE, idx, 1, 0), signs, db, row_zero(rows)[:, None])
+    db = (d * (1 + 2 * scale).to(tl.float32)).to(DT)
+    return signed_grid8_f16(grid_words(TABLE, idx, 1, 0), signs, db, row_zero(rows)[:, None], DT)
+
+
+@triton.jit
+def iq3_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
+
+
+@triton.jit
+def iq3_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    return iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
 
 
 @register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot,
-          dequant_f16=iq3_s_f16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_f16=iq3_s_f16, dequant_bf16=iq3_s_bf16, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -782,7 +835,7 @@ def shifted(grid, negative):
 
 @triton.jit
 def iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ1_S for the fused GEMM with float16 x, in the 8-weight runs' fragment order (as the
+    """IQ1_S for the fused GEMM with float16 (or bfloat16) x, in the 8-weight runs' fragment order (as the
     other grid types, signed_grid8_f16): each run's signed grid bytes (-1, 0, 1) gathered
     whole, two a PRMT under float16's exponent, plus the group's delta (+-1/8, exact), times
     dl = d * (2 * scale + 1) rounded to float16: two roundings where the float32 function

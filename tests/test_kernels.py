@@ -119,6 +119,7 @@ def test_swapped_tiles_give_the_product(name, rng, monkeypatch):
     """The BM = 32, 64 and 128 tiles that take the weight tile as the MMA's A operand (gemm.py,
     configs.swap_ab: float16 and bfloat16 x), each forced at a few rows: the same product
     within float tolerance, x's padding rows masked, N not a multiple of the tile."""
+    configs = kernels.configs
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 2 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -127,11 +128,11 @@ def test_swapped_tiles_give_the_product(name, rng, monkeypatch):
     x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32)) / dense.abs().max()
     for bm in (32, 64, 128):
         for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 2e-2)):
-            if (bm == 128 and name in kernels.configs.BM128_SPILLS
-                    or name in kernels.configs.SWAP_AB_F16_BM32_ONLY
-                    and (bm > 32 or dtype != torch.float16)):
+            if (bm == 128 and name in configs.BM128_SPILLS
+                    or name in configs.SWAP_AB_BM32_ONLY
+                    and (bm > 32 or configs.act_name(dtype) not in configs.SWAP_AB_BM32_ONLY[name])):
                 continue
-            assert kernels.configs.swap_ab(name, bm, dtype)
+            assert configs.swap_ab(name, bm, dtype)
             xd = x.to(dtype)
             ref = gemv_x(name, xd) @ dense.T
             got = kernels.matmul(xd, planes, name, (n, k), tile={"BM": bm})
@@ -813,15 +814,16 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
 
     The bfloat16 functions (for bfloat16 x) likewise, in bfloat16: bit for bit where the
     scale is a power of two or exact in bfloat16 (MXFP4, NVFP4); where a float16 d is itself
-    rounded to bfloat16 first (Q4_0, Q5_0; Q6_K's and Q3_K's d * scale), within two
-    roundings; with a min, within a rounding of each term and of the result."""
+    rounded to bfloat16 first (Q4_0, Q5_0; Q6_K's, Q3_K's and the grid types' d * scale),
+    within two roundings; with a min, within a rounding of each term and of the result."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K", "Q5_K",
             "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"} == {
         n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
-    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "MXFP4", "NVFP4"} == {
+    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "MXFP4", "NVFP4",
+            "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"} == {
         n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_bf16}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
@@ -843,7 +845,8 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
                                                        DQ=function)
     # float16's least subnormal, and bfloat16's (or a rounding of one at least)
     eps, tiny = (torch.finfo(dtype).eps, 2 ** -24 if dtype == torch.float16 else 2 ** -126)
-    if dtype == torch.bfloat16 and name in ("Q4_0", "Q5_0", "Q6_K", "Q3_K"):
+    if dtype == torch.bfloat16 and name in ("Q4_0", "Q5_0", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                                            "IQ3_XXS", "IQ3_S"):
         # d (or d * scale) rounded to bfloat16, then the product: within two roundings
         assert ((got.float() - exact).abs() <= (eps + eps ** 2) * exact.abs() + tiny).all()
     elif name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
