@@ -306,6 +306,17 @@ BYTE_PAIR_SCALED_BF16_PTX = tl.constexpr(
     "prmt.b32 t, $1, $2, $3; fma.rn.bf16x2 t, t, one, $4; fma.rn.bf16x2 $0, t, $5, nz; }")
 
 
+# bytes b = value + 128 over a signed byte's whole range (IQ4's table values) in bfloat16,
+# whose exponent of 128 holds 7 bits: the low 7 under it, 128 + (b & 127), then less 128
+# where b's top bit is set and 256 where it is not (b - 128 either way, exactly: the second
+# constant is the pair's own bits, its mantissa cleared, its exponent's low bit flipped, its
+# sign set), then times the scale, rounded once
+BYTE_PAIR_SIGNED_SCALED_BF16_PTX = tl.constexpr(
+    "{ .reg .b32 t, v, c, one, nz; mov.b32 one, 0x3F803F80; mov.b32 nz, 0x80008000; "
+    "prmt.b32 t, $1, $2, $3; and.b32 v, t, 0xFF7FFF7F; and.b32 c, t, 0xFF80FF80; "
+    "xor.b32 c, c, 0x80808080; fma.rn.bf16x2 v, v, one, c; fma.rn.bf16x2 $0, v, $4, nz; }")
+
+
 # byte_pairs_f16's PRMT of bytes made unsigned by + 128 (signed ones XORed with 0x80), then
 # less the 1152 that leaves them exact, plus a delta and times a scale, float16 pairs each: the
 # 1-bit grids' (grid + delta) * scale (the delta is not exact in 1152 - delta)
@@ -353,6 +364,27 @@ def byte_pairs_times_f16(w, Z, scales, BIAS: tl.constexpr, DT: tl.constexpr = tl
         return tl.inline_asm_elementwise(
             BYTE_PAIR_SCALED_F16_PTX, "=r,r,r,r,r,r",
             [w[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, scales],
+            dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def byte_pairs_signed_scaled_bf16(w, Z, scales):
+    """int32 [R, n] of bytes b = value + 128 (any byte) -> int32 [R, n, 2]: pair h of each
+    word, bytes 2h and 2h + 1, as two bfloat16 halves (b - 128) * scale, `scales` bfloat16
+    pairs (int32 [R, n, 2] or ones that broadcast to it): exact, then rounded once (see
+    BYTE_PAIR_SIGNED_SCALED_BF16_PTX). Z: row_zero, [R, 1]."""
+    h = tl.arange(0, 2)[None, None, :]
+    if INTERPRETED:  # the values, then the bfloat16 product the PTX makes
+        b = shr(w[:, :, None], 16 * h)
+        lo = ((b & 0xFF) - 128).to(tl.bfloat16) * scales.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = (((b >> 8) & 0xFF) - 128).to(tl.bfloat16) \
+            * shr(scales, 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
+            | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    else:
+        return tl.inline_asm_elementwise(
+            BYTE_PAIR_SIGNED_SCALED_BF16_PTX, "=r,r,r,r,r",
+            [w[:, :, None], 0x43434343 + Z[:, :, None], 0x4140 + 0x202 * h, scales],
             dtype=tl.int32, is_pure=True, pack=1)
 
 

@@ -28,6 +28,7 @@ from .fields import (
     bits_at,
     byte_pairs_f16,
     byte_pairs_scaled_f16,
+    byte_pairs_signed_scaled_bf16,
     byte_pairs_times_f16,
     concat,
     dot4,
@@ -274,8 +275,23 @@ def iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return field_h(P0, j, rows, mask, N) * q
 
 
+@triton.jit
+def iq4_nl_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ4_NL for the fused GEMM with bfloat16 x, as iq4_nl_f16 (its order, its lookups of
+    kvalue + 128 a byte), two bytes a PRMT under bfloat16's exponent, made exact and times d
+    rounded to bfloat16 in one asm (fields.byte_pairs_signed_scaled_bf16): two roundings."""
+    R: tl.constexpr = rows.shape[0]
+    z = row_zero(rows)[:, None, None]
+    w = field_run(P1, j, rows, mask, N, 4, 0, 4, tl.int32)  # [R, 4]
+    codes = shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :])  # [R, c, j]
+    b = tl.reshape(lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z), (R, 8))
+    d = f16_pair_word(field_h(P0, j, rows, mask, N, tl.bfloat16))[:, :, None]  # [R, 1, 1]
+    q = f16_halves(byte_pairs_signed_scaled_bf16(b, row_zero(rows)[:, None], d), tl.bfloat16)
+    return fragment_order_32(tl.reshape(q, (R, 4, 2, 2, 2)))
+
+
 @register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_f16=iq4_nl_f16,
-          f16_nibble_run=-1)
+          dequant_bf16=iq4_nl_bf16, f16_nibble_run=-1)
 @triton.jit
 def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -344,6 +360,23 @@ def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
+def iq4_xs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ4_XS for the fused GEMM's tiles of BM <= 32 with bfloat16 x, as iq4_xs_f16 (its
+    order, its lookups), each pair made exact and times d * scale rounded to bfloat16 in one
+    asm (fields.byte_pairs_signed_scaled_bf16): two roundings."""
+    R: tl.constexpr = rows.shape[0]
+    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.bfloat16)  # [R, 8]: sub-block 2c + ihi
+    z = row_zero(rows)[:, None]
+    w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)  # [R, 32]
+    codes = tl.reshape(shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :]), (R, 64))  # [R, (word, s0)]
+    b = lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z)
+    scale = tl.reshape(tl.broadcast_to(dl[:, :, None], (R, 8, 8)), (R, 64))
+    q = f16_halves(byte_pairs_signed_scaled_bf16(b, z, f16_pair_word(scale)[:, :, None]), tl.bfloat16)
+    q = tl.reshape(q, (R, 4, 2, 4, 2, 2, 2))
+    return fragment_order_256(tl.reshape(tl.permute(q, (0, 1, 4, 3, 5, 2, 6)), (R, 4, 8, 2, 2, 2)))
+
+
+@triton.jit
 def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     """IQ4_XS for the fused GEMM's tiles of BM >= 64 with float16 x, in nibble-group order:
     there iq4_xs_f16's lookups in registers, beside the 64-row accumulator, spill (sm_90, 56
@@ -357,8 +390,8 @@ def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
-          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16, f16_nibble_run=-1,
-          wide_f16=(iq4_xs_f16_nibble_groups, 16))
+          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16, dequant_bf16=iq4_xs_bf16,
+          f16_nibble_run=-1, wide_f16=(iq4_xs_f16_nibble_groups, 16))
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N)
