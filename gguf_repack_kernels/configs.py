@@ -430,11 +430,11 @@ BM128_NARROW = frozenset(["Q6_K"])
 # Swapped at BM = 32 only, and only with the x dtypes named (those of their half-precision
 # functions): the grid types' swapped 64-row tiles spill (sm_90, fp16 x: IQ2_XXS 72 bytes
 # with its float16 function, 31 with the float32 one), and so do their swapped 32-row ones
-# with the float32 function (11-38 bytes: IQ1_S's with bfloat16 x); their plain tiles with
-# the float32 function do not (IQ2_XXS's BM = 64: 904 instructions a step; BENCHMARKS.md
-# "The grid types in float16", "bfloat16 x at float16's speed")
-SWAP_AB_BM32_ONLY = {"IQ1_S": ("fp16",), **dict.fromkeys(
-    ["IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"], ("fp16", "bf16"))}
+# with the float32 function (11-38 bytes, bfloat16 x before their bfloat16 functions); their
+# plain tiles with the float32 function do not (IQ2_XXS's BM = 64: 904 instructions a step;
+# BENCHMARKS.md "The grid types in float16", "bfloat16 x at float16's speed")
+SWAP_AB_BM32_ONLY = dict.fromkeys(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"],
+                                  ("fp16", "bf16"))
 
 
 def swap_ab(type_name: str, bm: int, dtype) -> bool:

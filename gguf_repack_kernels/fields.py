@@ -410,6 +410,42 @@ def signed_byte_pairs_shifted_f16(w, Z, deltas, scales):
             dtype=tl.int32, is_pure=True, pack=1)
 
 
+# the same in bfloat16 for bytes of -1, 0 and 1 made 0, 1 and 2: under bfloat16's exponent
+# byte, 129 off (exact), then times the scale plus the delta times the scale in one fma (the
+# delta is a power of two, so its product with the scale is exact): (g + delta) * scale,
+# rounded once
+BYTE_PAIR_SHIFTED_BF16_PTX = tl.constexpr(
+    "{ .reg .b32 t, one; mov.b32 one, 0x3F803F80; prmt.b32 t, $1, $2, $3; "
+    "fma.rn.bf16x2 t, t, one, $4; fma.rn.bf16x2 $0, t, $5, $6; }")
+
+
+@triton.jit
+def signed_byte_pairs_shifted_bf16(w, Z, scaled_deltas, scales):
+    """signed_byte_pairs_shifted_f16 in bfloat16 for bytes of -1, 0 and 1 (IQ1's grids):
+    `scales` and `scaled_deltas` (each delta times its scale, exact: the deltas are +-1/8)
+    bfloat16 pairs. Each byte plus 1 (XOR 0x80, then 0x7F off: no byte borrows) under
+    bfloat16's exponent, 129 off, times the scale plus the scaled delta: one rounding."""
+    h = tl.arange(0, 2)[None, None, :]
+    u = (w ^ (-0x7F7F7F80 + Z)) - 0x7F7F7F7F  # byte + 1: 0, 1, 2
+    if INTERPRETED:  # the pairs, then the fma the PTX does (in float32: exact, one rounding)
+        pair = tl.reshape(byte_pairs_f16(u[:, :, None], Z[:, :, None], tl.bfloat16),
+                          (w.shape[0], w.shape[1], 2))
+        halves = []
+        for k in tl.static_range(2):
+            v = shr(pair, 16 * k).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32) - 129.0
+            s = shr(scales, 16 * k).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+            ds = shr(scaled_deltas, 16 * k).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)
+            halves.append((v * s + ds).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF)
+        return halves[0] | (halves[1] << 16)
+    else:
+        negative_bias = f16_pair_word(tl.full((1,), -129.0, tl.bfloat16))[None, None, :] + Z[:, :, None]
+        return tl.inline_asm_elementwise(
+            BYTE_PAIR_SHIFTED_BF16_PTX, "=r,r,r,r,r,r,r",
+            [u[:, :, None], 0x43434343 + Z[:, :, None], 0x4140 + 0x202 * h, negative_bias, scales,
+             scaled_deltas],
+            dtype=tl.int32, is_pure=True, pack=1)
+
+
 @triton.jit
 def nibbles(b):
     """uint8 [R, n] -> [R, 2n]: every byte's low nibble, then every high one (ggml's order)."""

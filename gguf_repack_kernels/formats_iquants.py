@@ -59,6 +59,7 @@ from .fields import (
     row_zero,
     scale_f16,
     shr,
+    signed_byte_pairs_shifted_bf16,
     signed_byte_pairs_shifted_f16,
     split4,
     words2,
@@ -868,7 +869,7 @@ def shifted(grid, negative):
 
 @triton.jit
 def iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ1_S for the fused GEMM with float16 (or bfloat16) x, in the 8-weight runs' fragment order (as the
+    """IQ1_S for the fused GEMM with float16 x, in the 8-weight runs' fragment order (as the
     other grid types, signed_grid8_f16): each run's signed grid bytes (-1, 0, 1) gathered
     whole, two a PRMT under float16's exponent, plus the group's delta (+-1/8, exact), times
     dl = d * (2 * scale + 1) rounded to float16: two roundings where the float32 function
@@ -888,9 +889,28 @@ def iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return fragment_order_runs8(tl.reshape(q, (R, 8, 4, 2, 2, 2)))
 
 
+@triton.jit
+def iq1_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """IQ1_S for the fused GEMM with bfloat16 x, as iq1_s_f16 (its order and gathers): dl
+    rounded to bfloat16, then (grid + delta) * dl as grid * dl + delta * dl in one fma
+    (fields.signed_byte_pairs_shifted_bf16): two roundings."""
+    R: tl.constexpr = rows.shape[0]
+    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
+    qh = bitfields(field(P2, j, rows, mask, N, 4, tl.uint32), 16, 2, 0xFFFF)  # [R, 8]
+    dl = (d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)).to(tl.bfloat16)
+    ddl = (tl.where((qh & 0x8000) != 0, -0.125, 0.125) * dl.to(tl.float32)).to(tl.bfloat16)  # exact
+    idx = bitfields(field(P1, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | (bitfields(qh, 3, 4, 0x07) << 8)
+    words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (32 weights, run c, word a)]
+    deltas = tl.reshape(tl.broadcast_to(f16_pair_word(ddl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
+    scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
+    q = signed_byte_pairs_shifted_bf16(words, row_zero(rows)[:, None], deltas, scales)
+    q = f16_halves(q, tl.bfloat16)
+    return fragment_order_runs8(tl.reshape(q, (R, 8, 4, 2, 2, 2)))
+
+
 @register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,
-          dot_parts=(1, 2), x_int8=True, dequant_f16=iq1_s_f16, f16_nibble_run=-3,
-          wide_f16="float32")
+          dot_parts=(1, 2), x_int8=True, dequant_f16=iq1_s_f16, dequant_bf16=iq1_s_bf16,
+          f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)

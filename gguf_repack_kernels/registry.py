@@ -51,10 +51,10 @@ order: the float16 function's unpacking under bfloat16's exponent (fields.py: 12
 under 128, exactly), its arithmetic in bfloat16. A float16 scale is itself rounded to
 bfloat16 first (7 mantissa bits to its 10), so a weight is within two bfloat16 roundings
 where the float16 function rounds once (tests/test_kernels.py holds each type's bound). Not
-for Q8_0 (its values fill a byte; at the bytes' bound with the float32 function) nor IQ1's
-signed grids: they take the float32 function, as a type does from BM = 64 on where
-`wide_f16` says so (IQ4's table values + 128 fill a byte too: fields.
-byte_pairs_signed_scaled_bf16 takes them in two pieces).
+for Q8_0 (its values fill a byte; at the bytes' bound with the float32 function): it takes
+the float32 function, as a type does from BM = 64 on where `wide_f16` says so (IQ4's table
+values + 128 fill a byte too: fields.byte_pairs_signed_scaled_bf16 takes them in two pieces;
+IQ1_S's -1, 0, 1 are made 0, 1, 2).
 """
 
 from __future__ import annotations
