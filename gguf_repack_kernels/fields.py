@@ -133,7 +133,6 @@ def field_h(P, j, rows, mask, N, DT: tl.constexpr = tl.float16):
 # PRMT), (word >> s) & 0x000F000F | 0x64006400 is 1024 + a nibble of two neighbouring bytes
 # in one register, for s = 0, 8 (low nibbles) and 4, 12 (high ones): one shift and one LOP3
 # for two weights, already paired as the MMA takes them.
-
 #
 # The same serves bfloat16 x (vLLM's default), `DT` choosing the type: bfloat16 has 7
 # mantissa bits to float16's 10, so its exponent of 128 (0x4300) holds any value under 128

@@ -40,6 +40,27 @@ def lop3(a, b, c, lut):
     return out
 
 
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float64 values (exact results, in bfloat16's normal range) rounded to bfloat16, to
+    nearest, ties to even, in one rounding: the uint32 of their 16 bits."""
+    bits = np.asarray(x, np.float64).view(np.uint64)
+    keep = np.uint64(45)  # float64's 52 mantissa bits, bfloat16's 7
+    lsb = (bits >> keep) & np.uint64(1)
+    rounded = (bits + (np.uint64(1) << (keep - np.uint64(1))) - np.uint64(1) + lsb) >> keep << keep
+    return (rounded.view(np.float64).astype(np.float32).view(U32) >> U32(16)).astype(U32)
+
+
+def fma_bf16x2(a, b, c):
+    """fma.rn.bf16x2: each half a * b + c, computed exactly, rounded once."""
+    def halves(w):
+        return [((w >> U32(16 * k)) & U32(0xFFFF)) << U32(16) for k in (0, 1)]
+    out = np.zeros_like(a)
+    for k, (x, y, z) in enumerate(zip(halves(a), halves(b), halves(c))):
+        f = [v.view(np.float32).astype(np.float64) for v in (x, y, z)]
+        out |= bf16_bits(f[0] * f[1] + f[2]) << U32(16 * k)
+    return out
+
+
 def _value(token, regs, n):
     token = token.strip()
     if token.startswith("0f"):
@@ -73,6 +94,10 @@ def run(ptx: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             r = v[0] & v[1]
         elif op == "or.b32":
             r = v[0] | v[1]
+        elif op == "xor.b32":
+            r = v[0] ^ v[1]
+        elif op == "fma.rn.bf16x2":
+            r = fma_bf16x2(*v)
         elif op == "shr.u32":
             r = v[0] >> v[1]
         elif op == "shr.s32":

@@ -680,6 +680,60 @@ def test_lookup16_bytes_ptx_gives_the_table_for_every_code_in_every_byte():
     assert not run(ROW_ZERO_PTX.value, {"$1": rows})["$0"].any()
 
 
+def test_bfloat16_byte_pair_ptx_makes_each_value_times_its_scale():
+    """The bfloat16 dequant functions' inline PTX (what a GPU runs; the interpreter computes
+    the values instead), run by tests/ptx_emulator.py: bytes under bfloat16's exponent, made
+    exact, times a scale, rounded once, against torch's float32 product (exact) rounded to
+    bfloat16. fields.BYTE_PAIR_SCALED_BF16_PTX: bytes under 128 (the grid types'), 128 off;
+    BYTE_PAIR_SIGNED_SCALED_BF16_PTX: every pair of bytes b (IQ4's kvalue + 128), b - 128;
+    BYTE_PAIR_SHIFTED_BF16_PTX: IQ1's -1, 0, 1 made 0, 1, 2, then times the scale plus the
+    delta times the scale."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.fields import (
+        BYTE_PAIR_SCALED_BF16_PTX,
+        BYTE_PAIR_SHIFTED_BF16_PTX,
+        BYTE_PAIR_SIGNED_SCALED_BF16_PTX,
+    )
+
+    rng = np.random.default_rng(0)
+
+    def bf16_word(values):  # bfloat16 values -> their uint32 bits, both halves
+        bits = torch.tensor(values, dtype=torch.float32).bfloat16().view(torch.int16).numpy()
+        return bits.astype(np.uint32) & 0xFFFF
+
+    def expected(values, scales):  # exact in float32, rounded once
+        got = torch.tensor(values, dtype=torch.float32) * torch.tensor(scales, dtype=torch.float32)
+        return got.bfloat16().view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
+
+    words = rng.integers(0, 2 ** 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    scales = torch.from_numpy(rng.standard_normal(1 << 16)).bfloat16().float().numpy()
+    s = bf16_word(scales)
+    cases = [(BYTE_PAIR_SCALED_BF16_PTX, words & 0x7F7F7F7F, lambda b: b,
+              {"$4": np.full_like(words, bf16_word([-128.0])[0] * 0x10001)}),
+             (BYTE_PAIR_SIGNED_SCALED_BF16_PTX, np.arange(1 << 16, dtype=np.uint32) * 0x10001,
+              lambda b: b - 128, {})]
+    for ptx, w, value, extra in cases:
+        for h in (0, 1):
+            out = run(ptx.value, {"$1": w, "$2": np.full_like(w, 0x43434343),
+                                  "$3": np.full_like(w, 0x4140 + 0x202 * h), **extra,
+                                  "$4" if not extra else "$5": s * 0x10001})["$0"]
+            for k in (0, 1):
+                b = ((w >> (16 * h + 8 * k)) & 0xFF).astype(np.int64)
+                assert np.array_equal((out >> (16 * k)) & 0xFFFF, expected(value(b), scales)), (ptx, h, k)
+    g = rng.integers(-1, 2, (1 << 16, 4))
+    w = sum(((g[:, k] + 1) & 0xFF).astype(np.uint32) << (8 * k) for k in range(4))  # 0, 1, 2
+    delta = np.where(rng.integers(0, 2, 1 << 16) == 1, -0.125, 0.125)
+    for h in (0, 1):
+        out = run(BYTE_PAIR_SHIFTED_BF16_PTX.value, {
+            "$1": w, "$2": np.full_like(w, 0x43434343), "$3": np.full_like(w, 0x4140 + 0x202 * h),
+            "$4": np.full_like(w, bf16_word([-129.0])[0] * 0x10001), "$5": s * 0x10001,
+            "$6": bf16_word(delta * scales) * 0x10001})["$0"]
+        for k in (0, 1):
+            want = expected(g[:, 2 * h + k] + delta, scales)
+            assert np.array_equal((out >> (16 * k)) & 0xFFFF, want), (h, k)
+
+
 @pytest.mark.parametrize("table", ["IQ4_NL kvalues", "E2M1 doubled"])
 def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
     """fields.lookup16's inline PTX, float32 and float16 (what a GPU runs; the interpreter reads
