@@ -10,6 +10,7 @@ import contextlib
 
 import torch
 import triton
+import triton.language as tl
 
 from . import configs
 from .dequantize import dequantize_kernel
@@ -182,18 +183,21 @@ def _clean_split_k_workspace(m: int, n: int, counters: int, split_k: int, out: t
 
 
 def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
-    """The fused GEMM's dequant function, DQ, and the order of its columns, XRUN, for its
-    BM-row tile and x of `dtype`: the type's float16 or bfloat16 function, where it has one
-    (registry.py; from BM = 64 on its wide_f16 where it has that, the float32 one for
-    bfloat16), else the float32 one."""
+    """The fused GEMM's dequant function, DQ, the dtype it returns, DQ_DT, and the order of
+    its columns, XRUN, for its BM-row tile and x of `dtype`: the type's half-precision
+    function where it takes x's dtype (registry.py; from BM = 64 on its wide_f16 where it has
+    that, the float32 one for bfloat16), else the float32 one."""
     act = configs.act_name(dtype)
-    half = {"fp16": fmt.dequant_f16, "bf16": fmt.dequant_bf16}.get(act)
+    float32 = {"DQ": fmt.dequant, "DQ_DT": tl.float32, "XRUN": 0}
+    half = fmt.half_dequant(act)
     if half is None:
-        return {"DQ": fmt.dequant, "XRUN": 0}
+        return float32
     if bm >= 64 and fmt.wide_f16 is not None:
-        function, run = fmt.wide_f16 if act == "fp16" else (fmt.dequant, 0)
-        return {"DQ": function, "XRUN": run}
-    return {"DQ": half, "XRUN": fmt.f16_nibble_run}
+        function, run = fmt.wide_f16
+        if act != "fp16" or function is fmt.dequant:
+            return float32
+        return {"DQ": function, "DQ_DT": tl.float16, "XRUN": run}
+    return {"DQ": half, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": fmt.f16_nibble_run}
 
 
 def matmul_path(type_name: str, m: int) -> str:

@@ -291,8 +291,16 @@ def iq4_nl_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return fragment_order_32(tl.reshape(q, (R, 4, 2, 2, 2)))
 
 
-@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_f16=iq4_nl_f16,
-          dequant_bf16=iq4_nl_bf16, f16_nibble_run=-1)
+@triton.jit
+def iq4_nl_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    if DT == tl.bfloat16:
+        return iq4_nl_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+    else:
+        return iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+
+
+@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_half=iq4_nl_half,
+          f16_nibble_run=-1)
 @triton.jit
 def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -378,11 +386,20 @@ def iq4_xs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+def iq4_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    if DT == tl.bfloat16:
+        return iq4_xs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+    else:
+        return iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+
+
+@triton.jit
+def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """IQ4_XS for the fused GEMM's tiles of BM >= 64 with float16 x, in nibble-group order:
     there iq4_xs_f16's lookups in registers, beside the 64-row accumulator, spill (sm_90, 56
     bytes in the K loop), and this one's trip through shared memory does not. d times the
     sub-block's scale is rounded to float16, then times the value, as iq4_xs_f16."""
+    tl.static_assert(DT == tl.float16)  # its tables are float16 (wide_f16: float16 x only)
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)
     # in nibble-group order (registry.py): sub-block s is still columns 32s..32s+31
     q = lookup16_nibbles(field(P3, j, rows, mask, N, 128, tl.uint8), TABLE, KVALUES_F16_PTX,
@@ -391,7 +408,7 @@ def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
-          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_f16=iq4_xs_f16, dequant_bf16=iq4_xs_bf16,
+          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_half=iq4_xs_half,
           f16_nibble_run=-1, wide_f16=(iq4_xs_f16_nibble_groups, 16))
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
@@ -685,18 +702,8 @@ def iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return signed_grid8_f16(words, ksigns_byte(bitfields(aux, 7, 4, 0x7F)), db, row_zero(rows)[:, None], DT)
 
 
-@triton.jit
-def iq2_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def iq2_xxs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
-
-
 @register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot,
-          dequant_f16=iq2_xxs_f16, dequant_bf16=iq2_xxs_bf16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_half=iq2_xxs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]
@@ -721,18 +728,8 @@ def iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
                             row_zero(rows)[:, None], DT)
 
 
-@triton.jit
-def iq2_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def iq2_xs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
-
-
 @register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot,
-          dequant_f16=iq2_xs_f16, dequant_bf16=iq2_xs_bf16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_half=iq2_xs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -754,18 +751,8 @@ def iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return signed_grid8_f16(grid_words(TABLE, idx, 2, 0), signs, db, row_zero(rows)[:, None], DT)
 
 
-@triton.jit
-def iq2_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def iq2_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
-
-
 @register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot,
-          dequant_f16=iq2_s_f16, dequant_bf16=iq2_s_bf16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_half=iq2_s_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -792,18 +779,8 @@ def iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
                             db, row_zero(rows)[:, None], DT)
 
 
-@triton.jit
-def iq3_xxs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def iq3_xxs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
-
-
 @register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot,
-          dequant_f16=iq3_xxs_f16, dequant_bf16=iq3_xxs_bf16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_half=iq3_xxs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -829,18 +806,8 @@ def iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return signed_grid8_f16(grid_words(TABLE, idx, 1, 0), signs, db, row_zero(rows)[:, None], DT)
 
 
-@triton.jit
-def iq3_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def iq3_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, tl.bfloat16)
-
-
 @register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot,
-          dequant_f16=iq3_s_f16, dequant_bf16=iq3_s_bf16, f16_nibble_run=-3, wide_f16="float32")
+          dequant_half=iq3_s_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -908,8 +875,16 @@ def iq1_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return fragment_order_runs8(tl.reshape(q, (R, 8, 4, 2, 2, 2)))
 
 
+@triton.jit
+def iq1_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    if DT == tl.bfloat16:
+        return iq1_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+    else:
+        return iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+
+
 @register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,
-          dot_parts=(1, 2), x_int8=True, dequant_f16=iq1_s_f16, dequant_bf16=iq1_s_bf16,
+          dot_parts=(1, 2), x_int8=True, dequant_half=iq1_s_half,
           f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):

@@ -311,7 +311,7 @@ def by_thread_and_field(x):
 
 
 @triton.jit
-def q2_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+def q2_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """Q2_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in the 2-bit fragment order
     (fields.tile_columns, RUN = -2): an MMA fragment's thread c unpacks qs bytes 16c..16c+15,
     a word at a time (bytes l = 16 (c % 2)... of half n = c // 2; field k of byte l is
@@ -343,18 +343,8 @@ def q2_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
     return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
 
 
-@triton.jit
-def q2_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q2_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q2_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q2_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
-
-
 @register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2),
-          x_int8=True, dequant_f16=q2_k_f16, dequant_bf16=q2_k_bf16, f16_nibble_run=-2,
+          x_int8=True, dequant_half=q2_k_half, f16_nibble_run=-2,
           wide_f16="float32")
 @triton.jit
 def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
@@ -366,7 +356,7 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q3_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+def q3_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """Q3_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in Q2_K's
     fragment order (q2_k_f16: the same low 2 bits in qs), each field's high bit from hmask
     (bit 4n + k of byte l for weight 128n + 32k + l; thread c reads hmask bytes 16 (c % 2)...)
@@ -397,18 +387,8 @@ def q3_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
     return fragment_order_256(tl.reshape(q * by_thread_and_field(dl), (R, 4, 8, 2, 2, 2)))
 
 
-@triton.jit
-def q3_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q3_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q3_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q3_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
-
-
 @register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True,
-          dequant_f16=q3_k_f16, dequant_bf16=q3_k_bf16, f16_nibble_run=-2, wide_f16="float32")
+          dequant_half=q3_k_half, f16_nibble_run=-2, wide_f16="float32")
 @triton.jit
 def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = field_f16_words(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)
@@ -441,7 +421,7 @@ def scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q):
 
 
 @triton.jit
-def q4_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+def q4_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """Q4_K for the fused GEMM with float16 (or bfloat16) x, in the fragment order (fields.fragment_order_256,
     registry.py): each thread of an MMA fragment unpacks one 32-byte run of nibbles, a word at
     a time (sub-blocks 2c and 2c + 1 of run c: 2 of the 8 scales and mins a row), d * scale and
@@ -464,18 +444,8 @@ def q4_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
     return fragment_order_256(q * dl - ml)
 
 
-@triton.jit
-def q4_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q4_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q4_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q4_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
-
-
 @register("Q4_K", 256, ("d", "dmin", "scales", "qs"), dot=q4_k_dot, dot_parts=(1, 2, 4),
-          dequant_f16=q4_k_f16, dequant_bf16=q4_k_bf16, f16_nibble_run=-1)
+          dequant_half=q4_k_half, f16_nibble_run=-1)
 @triton.jit
 def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P3, j, rows, mask, N, 128), 4, 4)
@@ -483,7 +453,7 @@ def q4_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q5_k_half(P0, P1, P2, P3, P4, j, rows, mask, N, DT: tl.constexpr):
+def q5_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """Q5_K for the fused GEMM with float16 (or bfloat16) x, as q4_k_half with each weight's fifth bit: group
     g's qs word c holds the low nibbles of sub-block 2g and the high ones of 2g + 1, whose
     fifth bits are bits 2g and 2g + 1 of each byte of qh word c; OR'd above the nibbles in
@@ -501,18 +471,8 @@ def q5_k_half(P0, P1, P2, P3, P4, j, rows, mask, N, DT: tl.constexpr):
     return scaled_minus_min_f16(P0, P1, P2, j, rows, mask, N, q)
 
 
-@triton.jit
-def q5_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q5_k_half(P0, P1, P2, P3, P4, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q5_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q5_k_half(P0, P1, P2, P3, P4, j, rows, mask, N, tl.bfloat16)
-
-
 @register("Q5_K", 256, ("d", "dmin", "scales", "qh", "qs"), dot=q5_k_dot, dot_parts=(1, 2, 4),
-          dequant_f16=q5_k_f16, dequant_bf16=q5_k_bf16)
+          dequant_half=q5_k_half)
 @triton.jit
 def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     q = bit_fields(field_bytes(P4, j, rows, mask, N, 128), 4, 4)
@@ -521,7 +481,7 @@ def q5_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q6_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+def q6_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """Q6_K for the fused GEMM with float16 (or bfloat16) x: weights 128n + 32k + l take 4
     bits from ql byte 64n + l (k even) or 64n + 32 + l (k odd), low nibble for k < 2, and 2
     bits from qh byte 32n + l at bit 2k, assembled a word (4 weights) at a time, then the
@@ -544,18 +504,7 @@ def q6_k_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
     return tl.reshape(q * dl[:, :, None], (R, 256))
 
 
-@triton.jit
-def q6_k_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q6_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q6_k_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q6_k_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
-
-
-@register("Q6_K", 256, ("ql", "qh", "scales", "d"), dot=q6_k_dot, dequant_f16=q6_k_f16,
-          dequant_bf16=q6_k_bf16)
+@register("Q6_K", 256, ("ql", "qh", "scales", "d"), dot=q6_k_dot, dequant_half=q6_k_half)
 @triton.jit
 def q6_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     sc = field_bytes(P2, j, rows, mask, N, 16).to(tl.int8, bitcast=True)

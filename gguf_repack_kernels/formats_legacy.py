@@ -60,24 +60,14 @@ def nibbles_f16_block(P, j, rows, mask, N, DT: tl.constexpr = tl.float16):
 
 
 @triton.jit
-def q4_0_half(P0, P1, j, rows, mask, N, DT: tl.constexpr):
+def q4_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     # (1024 + q) - 1032 = q - 8 exactly, then one rounding: the float32 weight's (bfloat16:
     # (128 + q) - 136, and d rounded to bfloat16 first: two roundings)
     BIAS: tl.constexpr = 136.0 if DT == tl.bfloat16 else 1032.0
     return field_h(P0, j, rows, mask, N, DT) * (nibbles_f16_block(P1, j, rows, mask, N, DT) - BIAS)
 
 
-@triton.jit
-def q4_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q4_0_half(P0, P1, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q4_0_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q4_0_half(P0, P1, j, rows, mask, N, tl.bfloat16)
-
-
-@register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot, dequant_f16=q4_0_f16, dequant_bf16=q4_0_bf16)
+@register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot, dequant_half=q4_0_half)
 @triton.jit
 def q4_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -101,24 +91,14 @@ def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
-def q4_1_half(P0, P1, P2, j, rows, mask, N, DT: tl.constexpr):
+def q4_1_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
     q = nibbles_f16_block(P2, j, rows, mask, N, DT) - BASE
     d, m = field16_pair_in_words(P0, P1, j, rows, mask, N)
     return f16_half(d).to(DT)[:, None] * q + f16_half(m).to(DT)[:, None]
 
 
-@triton.jit
-def q4_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q4_1_half(P0, P1, P2, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q4_1_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q4_1_half(P0, P1, P2, j, rows, mask, N, tl.bfloat16)
-
-
-@register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot, dequant_f16=q4_1_f16, dequant_bf16=q4_1_bf16)
+@register("Q4_1", 32, ("d", "m", "qs"), dot=q4_1_dot, dequant_half=q4_1_half)
 @triton.jit
 def q4_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -176,24 +156,14 @@ def five_bit_f16(qh_plane, qs_plane, j, rows, mask, N, DT: tl.constexpr = tl.flo
 
 
 @triton.jit
-def q5_0_half(P0, P1, P2, j, rows, mask, N, DT: tl.constexpr):
+def q5_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     # (1024 + q) - 1040 = q - 16 exactly, then one rounding: the float32 weight's (bfloat16:
     # (128 + q) - 144, and d rounded to bfloat16 first)
     BIAS: tl.constexpr = 144.0 if DT == tl.bfloat16 else 1040.0
     return field_h(P0, j, rows, mask, N, DT) * (five_bit_f16(P1, P2, j, rows, mask, N, DT) - BIAS)
 
 
-@triton.jit
-def q5_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q5_0_half(P0, P1, P2, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q5_0_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q5_0_half(P0, P1, P2, j, rows, mask, N, tl.bfloat16)
-
-
-@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_f16=q5_0_f16, dequant_bf16=q5_0_bf16,
+@register("Q5_0", 32, ("d", "qh", "qs"), dot=q5_0_dot, dequant_half=q5_0_half,
           f16_nibble_run=-1)
 @triton.jit
 def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
@@ -203,25 +173,14 @@ def q5_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q5_1_half(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr):
+def q5_1_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
     q = five_bit_f16(P2, P3, j, rows, mask, N, DT) - BASE
     d, m = field16_pair_in_words(P0, P1, j, rows, mask, N)
     return f16_half(d).to(DT)[:, None] * q + f16_half(m).to(DT)[:, None]
 
 
-@triton.jit
-def q5_1_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q5_1_half(P0, P1, P2, P3, j, rows, mask, N, tl.float16)
-
-
-@triton.jit
-def q5_1_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return q5_1_half(P0, P1, P2, P3, j, rows, mask, N, tl.bfloat16)
-
-
-@register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_f16=q5_1_f16,
-          dequant_bf16=q5_1_bf16, f16_nibble_run=-1)
+@register("Q5_1", 32, ("d", "m", "qh", "qs"), dot=q5_1_dot, dequant_half=q5_1_half, f16_nibble_run=-1)
 @triton.jit
 def q5_1(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -243,7 +202,8 @@ def q8_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
-def q8_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+def q8_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    tl.static_assert(DT == tl.float16)  # a byte fills bfloat16's mantissa: float16 only
     # signed bytes with their top bit flipped are q + 128, unsigned: (1024 + q + 128) - 1152
     # = q exactly, then one rounding (the float32 weight's)
     z = opaque_zero(N)
@@ -251,7 +211,7 @@ def q8_0_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return field_h(P0, j, rows, mask, N) * (bytes_f16(w, z) - 1152.0)
 
 
-@register("Q8_0", 32, ("d", "qs"), dot=q8_0_dot, dequant_f16=q8_0_f16)
+@register("Q8_0", 32, ("d", "qs"), dot=q8_0_dot, dequant_half=q8_0_half, half_acts=("fp16",))
 @triton.jit
 def q8_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)

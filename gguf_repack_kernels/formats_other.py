@@ -325,8 +325,15 @@ def mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return q * scale
 
 
-@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_f16=mxfp4_f16,
-          dequant_bf16=mxfp4_bf16)
+@triton.jit
+def mxfp4_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    if DT == tl.bfloat16:
+        return mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+    else:
+        return mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+
+
+@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_half=mxfp4_half)
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]
@@ -363,7 +370,7 @@ def nvfp4_codes(P1, j, rows, mask, N):
 
 
 @triton.jit
-def nvfp4_half(P0, P1, j, rows, mask, N, TABLE, DT: tl.constexpr):
+def nvfp4_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     # the halved UE4M3 scales lie in 2**-10 .. 224 and the values are small integers: both
     # float16 exactly (and bfloat16: 3 mantissa bits), so their product rounds once, as the
     # float32 one converted does; looked up (nvfp4_table's third part) where the decode took
@@ -376,18 +383,7 @@ def nvfp4_half(P0, P1, j, rows, mask, N, TABLE, DT: tl.constexpr):
     return tl.reshape(tl.reshape(q, (rows.shape[0], 4, 16)) * scale, (rows.shape[0], 64))
 
 
-@triton.jit
-def nvfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return nvfp4_half(P0, P1, j, rows, mask, N, TABLE, tl.float16)
-
-
-@triton.jit
-def nvfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    return nvfp4_half(P0, P1, j, rows, mask, N, TABLE, tl.bfloat16)
-
-
-@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_f16=nvfp4_f16,
-          dequant_bf16=nvfp4_bf16)
+@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_half=nvfp4_half)
 @triton.jit
 def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # each sub-block of 16 weights has its own scale byte

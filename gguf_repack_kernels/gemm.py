@@ -45,6 +45,16 @@ def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr):
 
 
 @triton.jit
+def dequant_tile(DQ: tl.constexpr, DQ_DT: tl.constexpr, P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+    """The weight tile of DQ, a type's float32 function (DQ_DT float32) or its half-precision
+    one, asked for DQ_DT (registry.py; dispatch.gemm_dequant picks both)."""
+    if DQ_DT == tl.float32:
+        return DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+    else:
+        return DQ(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DQ_DT)
+
+
+@triton.jit
 def tile_result(acc, SWAP: tl.constexpr):
     """The [BM, BN] result of a tile's accumulator (tile_product's orientation)."""
     if SWAP:
@@ -57,7 +67,8 @@ def tile_result(acc, SWAP: tl.constexpr):
 def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride_xm, stride_om,
                 BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
-                XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1):
+                XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
+                DQ_DT: tl.constexpr = tl.float32):
     # SUMS (float32, OUT's strides) and COUNTS [tiles] int32, zeroed: the split-K workspace
     # (split_k.py), which the tiles' last programs leave zeroed again (dispatch.py keeps it)
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -79,7 +90,7 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
     for i in range(0, B // (SPLIT_K * STEP_BLOCKS)):
         for b in tl.static_range(STEP_BLOCKS):
             j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
-            w = DQ(P0, P1, P2, P3, P4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
+            w = dequant_tile(DQ, DQ_DT, P0, P1, P2, P3, P4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
             acc = tile_product(acc, x, w, IEEE, SWAP)
     offsets = ms[:, None].to(tl.int64) * stride_om + rows[None, :]

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .fields import tile_columns
-from .gemm import tile_product, tile_result
+from .gemm import dequant_tile, tile_product, tile_result
 from .gemv import gemv_dot_row
 
 
@@ -106,7 +106,8 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
                     TILE_EXPERT, E, OUT, N, B, stride_xm, stride_om,
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
-                    SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1):
+                    SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
+                    DQ_DT: tl.constexpr = tl.float32):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert, E for the
@@ -137,7 +138,7 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     for i in range(0, steps):  # STEP_BLOCKS block columns a step (gemm.py)
         for b in tl.static_range(STEP_BLOCKS):
             j = i * STEP_BLOCKS + b
-            w = DQ(p0, p1, p2, p3, p4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
+            w = dequant_tile(DQ, DQ_DT, p0, p1, p2, p3, p4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xrows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
             acc = tile_product(acc, x, w, IEEE, SWAP)
     out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]

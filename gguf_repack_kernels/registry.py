@@ -24,8 +24,9 @@ the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a 
 (a 256-weight block in parts lets a thread own more rows at the same registers); `dot_parts`
 says which PARTS the dot function supports.
 
-A type may have a float16 dequant function, for the fused GEMM with float16 x: the same
-signature, float16 [len(rows), block_size], computed in float16 (small integers or table
+A type may have a half-precision dequant function, `dequant_half`, for the fused GEMM with
+float16 and bfloat16 x: the same signature and DT, the x dtype (a constexpr: tl.float16 or
+tl.bfloat16), last; DT [len(rows), block_size]. In float16 it is computed in float16 (small integers or table
 values made float16 exactly by a bit trick, then the scale: one rounding, so the weights are
 the float32 ones rounded to float16, as the float32 function and a conversion give them;
 where a min is added (Q4_1, Q5_1) or a scale is itself a product (IQ4_XS) the rounding
@@ -44,17 +45,18 @@ other unpackings: Q2_K's and Q3_K's 2-bit fields (-2), and the grid types' runs 
 thread c taking run c of every 32 (-3, formats_iquants.signed_grid8_f16). Where that
 function needs more registers than a 64-row tile's accumulator leaves (IQ4_XS's lookups,
 Q2_K, the grid types), `wide_f16` names the one the tiles of BM >= 64 take, with its order
-("float32": the type's float32 function).
+("float32": the type's float32 function; else one taking DT, float16 only).
 
-`dequant_bf16` is the same for bfloat16 x (vLLM's default activation dtype), in the same
-order: the float16 function's unpacking under bfloat16's exponent (fields.py: 128 + a value
-under 128, exactly), its arithmetic in bfloat16. A float16 scale is itself rounded to
-bfloat16 first (7 mantissa bits to its 10), so a weight is within two bfloat16 roundings
-where the float16 function rounds once (tests/test_kernels.py holds each type's bound). Not
-for Q8_0 (its values fill a byte; at the bytes' bound with the float32 function): it takes
-the float32 function, as a type does from BM = 64 on where `wide_f16` says so (IQ4's table
-values + 128 fill a byte too: fields.byte_pairs_signed_scaled_bf16 takes them in two pieces;
-IQ1_S's -1, 0, 1 are made 0, 1, 2).
+In bfloat16 (vLLM's default activation dtype) the same function, in the same order, unpacks
+under bfloat16's exponent (fields.py: 128 + a value under 128, exactly) and does its
+arithmetic in bfloat16. A float16 scale is itself rounded to bfloat16 first (7 mantissa bits
+to its 10), so a weight is within two bfloat16 roundings where float16 rounds once
+(tests/test_kernels.py holds each type's bound). `half_acts` names the x dtypes the function
+takes: not bfloat16 for Q8_0 (its values fill a byte; at the bytes' bound with the float32
+function), which takes the float32 function there, as a type does from BM = 64 on with
+bfloat16 x where it has a `wide_f16` (IQ4's table values + 128 fill a byte too:
+fields.byte_pairs_signed_scaled_bf16 takes them in two pieces; IQ1_S's -1, 0, 1 are made 0,
+1, 2).
 """
 
 from __future__ import annotations
@@ -77,11 +79,15 @@ class Format:
     table: Callable[[torch.device], torch.Tensor] | None = None  # lookup table, per device
     dot_parts: tuple[int, ...] = (1,)  # the PARTS its dot function supports
     x_int8: bool = False  # its dot function multiplies x quantized per 32 to int8
-    dequant_f16: object = None  # the fused GEMM's dequant for float16 x, see above
+    dequant_half: object = None  # the fused GEMM's dequant for float16 and bfloat16 x, see above
     f16_nibble_run: int = 0  # its columns' order: 0 ggml's, < 0 fragment orders, else nibble groups
-    # (function, its f16_nibble_run) for the tiles of BM >= 64, where dequant_f16 spills there
+    # (function, its f16_nibble_run) for the tiles of BM >= 64, where dequant_half spills there
     wide_f16: tuple[object, int] | None = None
-    dequant_bf16: object = None  # dequant_f16 for bfloat16 x, in its order (see above)
+    half_acts: tuple[str, ...] = ("fp16", "bf16")  # the x dtypes dequant_half takes
+
+    def half_dequant(self, act: str):
+        """dequant_half where it takes x of `act` ("fp16", "bf16"), else None."""
+        return self.dequant_half if act in self.half_acts else None
 
     @property
     def x_stride(self) -> int:
@@ -95,9 +101,9 @@ FORMATS: dict[str, Format] = {}
 
 def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
-             dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_f16=None,
+             dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_half=None,
              f16_nibble_run: int = 0, wide_f16: tuple[object, int] | str | None = None,
-             dequant_bf16=None):
+             half_acts: tuple[str, ...] = ("fp16", "bf16")):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
@@ -105,7 +111,7 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
         assert name not in FORMATS, name
         wide = (fn, 0) if wide_f16 == "float32" else wide_f16
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
-                               dequant_f16, f16_nibble_run, wide, dequant_bf16)
+                               dequant_half, f16_nibble_run, wide, half_acts)
         return fn
 
     return wrap

@@ -191,7 +191,7 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
             # a block column a step, side by side with the default
             t["one-block steps"] = timer(lambda: kernels.matmul(x, next(planes), name, (n, k),
                                                                 tile={"STEP_BLOCKS": 1}))
-        if m in BF16_BATCHES and kernels.FORMATS[name].dequant_bf16 is not None:
+        if m in BF16_BATCHES and kernels.FORMATS[name].half_dequant("bf16") is not None:
             # bfloat16 x (vLLM's default), the tiles' bfloat16 dequant functions (registry.py)
             xb = x.bfloat16()
             t["rp1 bf16 x"] = timer(lambda: kernels.matmul(xb, next(planes), name, (n, k)))

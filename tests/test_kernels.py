@@ -768,9 +768,9 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
 
 @triton.jit
 def _dequant_f16_kernel(P0, P1, P2, P3, P4, TABLE, OUT, N, BLOCK: tl.constexpr, BN: tl.constexpr,
-                        DQ: tl.constexpr):
+                        DQ: tl.constexpr, DT: tl.constexpr):
     rows = tl.arange(0, BN)
-    w = DQ(P0, P1, P2, P3, P4, TABLE, tl.program_id(0), rows, rows < N, N)
+    w = DQ(P0, P1, P2, P3, P4, TABLE, tl.program_id(0), rows, rows < N, N, DT)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(OUT + rows[:, None] * (tl.num_programs(0) * BLOCK) + cols[None, :], w,
              mask=(rows < N)[:, None])
@@ -849,10 +849,16 @@ def test_the_gemm_reads_x_in_the_8_weight_rows_fragment_order():
             assert [order[k] for k in slots] == list(range(start + 8 * c, start + 8 * c + 8))
 
 
+def half_types(act: str) -> set[str]:
+    """The types whose half-precision dequant function takes x of `act` (registry.py)."""
+    return {n for n in KERNEL_TYPES if kernels.FORMATS[n].half_dequant(act)}
+
+
 @pytest.mark.parametrize("name, wide, dtype", [
-    *[(n, False, torch.float16) for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16],
-    *[(n, True, torch.float16) for n in KERNEL_TYPES if kernels.FORMATS[n].wide_f16],
-    *[(n, False, torch.bfloat16) for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_bf16]])
+    *[(n, False, torch.float16) for n in sorted(half_types("fp16"))],
+    *[(n, True, torch.float16) for n in KERNEL_TYPES
+      if kernels.FORMATS[n].wide_f16 and kernels.FORMATS[n].wide_f16[0] is not kernels.FORMATS[n].dequant],
+    *[(n, False, torch.bfloat16) for n in sorted(half_types("bf16"))]])
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtype, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
@@ -875,11 +881,9 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K", "Q5_K",
-            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"} == {
-        n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_f16}
-    assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "MXFP4", "NVFP4",
-            "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "IQ1_S"} == {
-        n for n in KERNEL_TYPES if kernels.FORMATS[n].dequant_bf16}
+            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"} \
+        == half_types("fp16")
+    assert half_types("bf16") == half_types("fp16") - {"Q8_0"}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
     qtype, planes = make_planes(name, (n, k), rng)
@@ -887,9 +891,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
         n = 256
         qtype, planes = make_planes(name, (n, k), rng)
         planes["e"][..., 0] = torch.arange(256, dtype=torch.uint8)
-    function, run = fmt.wide_f16 if wide else (fmt.dequant_f16, fmt.f16_nibble_run)
-    if dtype == torch.bfloat16:
-        function = fmt.dequant_bf16
+    function, run = fmt.wide_f16 if wide else (fmt.dequant_half, fmt.f16_nibble_run)
     order = torch.tensor(tile_order(qtype.block_size, run))
     exact = dequantize_planes(planes, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
     expected = exact.to(dtype)
@@ -897,7 +899,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
     with np.errstate(over="ignore"):  # MXFP4's largest scales: infinite weights, as expected
         _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), got, n,
                                                        BLOCK=qtype.block_size, BN=256 if n > 64 else 64,
-                                                       DQ=function)
+                                                       DQ=function, DT=getattr(tl, str(dtype)[6:]))
     # float16's least subnormal, and bfloat16's (or a rounding of one at least)
     eps, tiny = (torch.finfo(dtype).eps, 2 ** -24 if dtype == torch.float16 else 2 ** -126)
     if dtype == torch.bfloat16 and name in ("Q4_0", "Q5_0", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",

@@ -227,8 +227,8 @@ def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
 
 
 # The same tiles with bfloat16 x (vLLM's default activation dtype) for the types with a
-# bfloat16 dequant function (registry.py, dequant_bf16: the float16 one's unpacking under
-# bfloat16's exponent, its arithmetic in bfloat16), 0-5% more instructions a step than with
+# half-precision dequant function that takes bfloat16 (registry.py, dequant_half: the float16
+# unpacking under bfloat16's exponent, its arithmetic in bfloat16), 0-5% more instructions a step than with
 # float16 x (d converted to bfloat16 a row); with the float32 function they were at about
 # half (BM = 16: Q4_0 0.54, Q4_K 0.47, Q6_K 0.57, MXFP4 0.31; BENCHMARKS.md "bfloat16 x at
 # float16's speed")
@@ -257,7 +257,7 @@ def bf16_tile_rows(tmp_path_factory):
 
 
 def test_batched_decode_tile_with_bfloat16_x_reaches_its_bandwidth_floor(bf16_tile_rows):
-    assert set(BF16_TILE_FLOORS["gemm"]) == {n for n, f in kernels.FORMATS.items() if f.dequant_bf16}
+    assert set(BF16_TILE_FLOORS["gemm"]) == {n for n, f in kernels.FORMATS.items() if f.half_dequant("bf16")}
     for family, floors in BF16_TILE_FLOORS.items():
         rows = {r["type"]: r for r in bf16_tile_rows if r["family"] == family}
         for name, floor in floors.items():
@@ -451,7 +451,7 @@ def test_every_launched_tile_fits_its_devices_shared_memory(ptx_rows):
 
     # a type without a float16 dequant function multiplies float16 and bfloat16 x alike (its
     # float32 weights cast to x's dtype): one measure for both (the samples below hold it)
-    no_f16 = {name for name, fmt in kernels.FORMATS.items() if fmt.dequant_f16 is None}
+    no_f16 = {name for name, fmt in kernels.FORMATS.items() if fmt.dequant_half is None}
     launched, tasks = {}, {}
     for arch in sorted(configs.KNOWN_DEVICES):
         dev = configs.KNOWN_DEVICES[arch]
