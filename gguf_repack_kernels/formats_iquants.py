@@ -344,61 +344,41 @@ def iq4_xs_codes(P3, j, rows, mask, N):
 
 
 @triton.jit
-def iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ4_XS for the fused GEMM's tiles of BM <= 32 with float16 x, in Q4_K's fragment order
-    (fields.fragment_order_256): an MMA fragment's thread c unpacks qs bytes 32c..32c+31,
-    sub-blocks 2c and 2c + 1 (8 runs of 16 bytes, each an IQ4_NL block's nibbles), looked
-    up as iq4_nl_f16 looks up (4 codes a word, two bytes a PRMT under float16's exponent, 1152
-    off exactly, here with the scale in the same asm: fields.byte_pairs_scaled_f16). Word
-    i = 4 ihi + ilo of the thread's 8 holds, in nibble s0, weights 64c + 32 ihi + 16 s0 +
-    4 ilo + byte: Q4_K's word 4 s0 + ilo, nibble ihi, so one permutation of the thread's own
-    registers puts them where tile_columns(256, -1) reads x. d times the sub-block's scale is
-    rounded to float16, then times the value: two roundings where the float32 function has
-    one (within the GEMM's tolerance)."""
+def iq4_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ4_XS for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in Q4_K's
+    fragment order (fields.fragment_order_256): an MMA fragment's thread c unpacks qs bytes
+    32c..32c+31, sub-blocks 2c and 2c + 1 (8 runs of 16 bytes, each an IQ4_NL block's
+    nibbles), looked up as iq4_nl_f16 looks up (4 codes a word, two bytes a PRMT under
+    float16's exponent, 1152 off exactly, here with the scale in the same asm:
+    fields.byte_pairs_scaled_f16). Word i = 4 ihi + ilo of the thread's 8 holds, in nibble
+    s0, weights 64c + 32 ihi + 16 s0 + 4 ilo + byte: Q4_K's word 4 s0 + ilo, nibble ihi, so
+    one permutation of the thread's own registers puts them where tile_columns(256, -1)
+    reads x. d times the sub-block's scale is rounded to float16, then times the value: two
+    roundings where the float32 function has one (within the GEMM's tolerance). In bfloat16
+    the looked-up bytes (a whole byte each) are made exact in two pieces and scaled in one
+    asm (fields.byte_pairs_signed_scaled_bf16)."""
     R: tl.constexpr = rows.shape[0]
-    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)  # [R, 8]: sub-block 2c + ihi
+    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(DT)  # [R, 8]: sub-block 2c + ihi
     z = row_zero(rows)[:, None]
     w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)  # [R, 32]
     codes = tl.reshape(shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :]), (R, 64))  # [R, (word, s0)]
     b = lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z)
     scale = tl.reshape(tl.broadcast_to(dl[:, :, None], (R, 8, 8)), (R, 64))
-    q = f16_halves(byte_pairs_scaled_f16(b, z, scale, 1152.0))  # [R, (c, ihi, ilo, s0), s1, half]
-    q = tl.reshape(q, (R, 4, 2, 4, 2, 2, 2))
+    if DT == tl.bfloat16:
+        pairs = byte_pairs_signed_scaled_bf16(b, z, f16_pair_word(scale)[:, :, None])
+    else:
+        pairs = byte_pairs_scaled_f16(b, z, scale, 1152.0)
+    q = tl.reshape(f16_halves(pairs, DT), (R, 4, 2, 4, 2, 2, 2))  # [R, (c, ihi, ilo, s0), s1, half]
     # [R, c, ihi, ilo, s0, s1, half] -> Q4_K's [R, c, i' = 4 s0 + ilo, s1, s0' = ihi, half]
     return fragment_order_256(tl.reshape(tl.permute(q, (0, 1, 4, 3, 5, 2, 6)), (R, 4, 8, 2, 2, 2)))
 
 
 @triton.jit
-def iq4_xs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ4_XS for the fused GEMM's tiles of BM <= 32 with bfloat16 x, as iq4_xs_f16 (its
-    order, its lookups), each pair made exact and times d * scale rounded to bfloat16 in one
-    asm (fields.byte_pairs_signed_scaled_bf16): two roundings."""
-    R: tl.constexpr = rows.shape[0]
-    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.bfloat16)  # [R, 8]: sub-block 2c + ihi
-    z = row_zero(rows)[:, None]
-    w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)  # [R, 32]
-    codes = tl.reshape(shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :]), (R, 64))  # [R, (word, s0)]
-    b = lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z)
-    scale = tl.reshape(tl.broadcast_to(dl[:, :, None], (R, 8, 8)), (R, 64))
-    q = f16_halves(byte_pairs_signed_scaled_bf16(b, z, f16_pair_word(scale)[:, :, None]), tl.bfloat16)
-    q = tl.reshape(q, (R, 4, 2, 4, 2, 2, 2))
-    return fragment_order_256(tl.reshape(tl.permute(q, (0, 1, 4, 3, 5, 2, 6)), (R, 4, 8, 2, 2, 2)))
-
-
-@triton.jit
-def iq4_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
-    if DT == tl.bfloat16:
-        return iq4_xs_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
-    else:
-        return iq4_xs_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
-
-
-@triton.jit
 def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """IQ4_XS for the fused GEMM's tiles of BM >= 64 with float16 x, in nibble-group order:
-    there iq4_xs_f16's lookups in registers, beside the 64-row accumulator, spill (sm_90, 56
+    there iq4_xs_half's lookups in registers, beside the 64-row accumulator, spill (sm_90, 56
     bytes in the K loop), and this one's trip through shared memory does not. d times the
-    sub-block's scale is rounded to float16, then times the value, as iq4_xs_f16."""
+    sub-block's scale is rounded to float16, then times the value, as iq4_xs_half."""
     tl.static_assert(DT == tl.float16)  # its tables are float16 (wide_f16: float16 x only)
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)
     # in nibble-group order (registry.py): sub-block s is still columns 32s..32s+31
@@ -835,52 +815,33 @@ def shifted(grid, negative):
 
 
 @triton.jit
-def iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ1_S for the fused GEMM with float16 x, in the 8-weight runs' fragment order (as the
-    other grid types, signed_grid8_f16): each run's signed grid bytes (-1, 0, 1) gathered
-    whole, two a PRMT under float16's exponent, plus the group's delta (+-1/8, exact), times
-    dl = d * (2 * scale + 1) rounded to float16: two roundings where the float32 function
-    has one (within the GEMM's tolerance)."""
+def iq1_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ1_S for the fused GEMM with float16 (or bfloat16) x, in the 8-weight runs' fragment
+    order (as the other grid types, signed_grid8_f16): each run's signed grid bytes (-1, 0,
+    1) gathered whole, two a PRMT under float16's exponent, plus the group's delta (+-1/8,
+    exact), times dl = d * (2 * scale + 1) rounded to float16: two roundings where the
+    float32 function has one (within the GEMM's tolerance). In bfloat16: the bytes plus one,
+    then grid * dl + delta * dl in one fma, the delta's product exact
+    (fields.signed_byte_pairs_shifted_bf16)."""
     R: tl.constexpr = rows.shape[0]
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
     # a 16-bit word per 32 weights: four 3-bit index highs, a 3-bit scale, the delta's sign
     qh = bitfields(field(P2, j, rows, mask, N, 4, tl.uint32), 16, 2, 0xFFFF)  # [R, 8]
-    dl = (d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)).to(tl.float16)
-    delta = tl.where((qh & 0x8000) != 0, -0.125, 0.125).to(tl.float16)
+    dl = (d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)).to(DT)
+    delta = tl.where((qh & 0x8000) != 0, -0.125, 0.125)
     idx = bitfields(field(P1, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | (bitfields(qh, 3, 4, 0x07) << 8)
     words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (32 weights, run c, word a)]
+    if DT == tl.bfloat16:
+        delta = delta * dl.to(tl.float32)  # exact
     # a group's delta and scale for each of its 8 words
+    delta = delta.to(DT)
     deltas = tl.reshape(tl.broadcast_to(f16_pair_word(delta)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
     scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
-    q = f16_halves(signed_byte_pairs_shifted_f16(words, row_zero(rows)[:, None], deltas, scales))
-    return fragment_order_runs8(tl.reshape(q, (R, 8, 4, 2, 2, 2)))
-
-
-@triton.jit
-def iq1_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ1_S for the fused GEMM with bfloat16 x, as iq1_s_f16 (its order and gathers): dl
-    rounded to bfloat16, then (grid + delta) * dl as grid * dl + delta * dl in one fma
-    (fields.signed_byte_pairs_shifted_bf16): two roundings."""
-    R: tl.constexpr = rows.shape[0]
-    d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
-    qh = bitfields(field(P2, j, rows, mask, N, 4, tl.uint32), 16, 2, 0xFFFF)  # [R, 8]
-    dl = (d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)).to(tl.bfloat16)
-    ddl = (tl.where((qh & 0x8000) != 0, -0.125, 0.125) * dl.to(tl.float32)).to(tl.bfloat16)  # exact
-    idx = bitfields(field(P1, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | (bitfields(qh, 3, 4, 0x07) << 8)
-    words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (32 weights, run c, word a)]
-    deltas = tl.reshape(tl.broadcast_to(f16_pair_word(ddl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
-    scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
-    q = signed_byte_pairs_shifted_bf16(words, row_zero(rows)[:, None], deltas, scales)
-    q = f16_halves(q, tl.bfloat16)
-    return fragment_order_runs8(tl.reshape(q, (R, 8, 4, 2, 2, 2)))
-
-
-@triton.jit
-def iq1_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     if DT == tl.bfloat16:
-        return iq1_s_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+        pairs = signed_byte_pairs_shifted_bf16(words, row_zero(rows)[:, None], deltas, scales)
     else:
-        return iq1_s_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+        pairs = signed_byte_pairs_shifted_f16(words, row_zero(rows)[:, None], deltas, scales)
+    return fragment_order_runs8(tl.reshape(f16_halves(pairs, DT), (R, 8, 4, 2, 2, 2)))
 
 
 @register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,

@@ -200,7 +200,7 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
 # functions, their grid rows gathered as bytes in the 8-weight runs' fragment order
 # (signed_grid8_f16, BENCHMARKS.md "The grid types in float16"): IQ2_XXS 0.16 -> 0.32, IQ2_XS
 # 0.17 -> 0.31, IQ2_S 0.18 -> 0.36, IQ3_XXS 0.18 -> 0.39, IQ3_S 0.23 -> 0.40, IQ1_S (its grid
-# + delta: iq1_s_f16) 0.12 -> 0.21
+# + delta: iq1_s_half) 0.12 -> 0.21
 GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q8_0": 0.95,
                    "Q4_K": 0.85, "IQ4_NL": 0.75, "IQ4_XS": 0.7, "Q2_K": 0.44, "Q3_K": 0.39,
                    "MXFP4": 0.64, "NVFP4": 0.7, "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35,
