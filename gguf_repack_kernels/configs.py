@@ -427,14 +427,13 @@ SWAP_AB_TYPES = frozenset(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_
 # both (IQ4_XS: 34 / 55 bytes); it takes BM = 64 there.
 BM128_SPILLS = frozenset(["IQ4_XS"])
 BM128_NARROW = frozenset(["Q6_K"])
-# Swapped at BM = 32 only, and only with the x dtypes named (those of their half-precision
-# functions): the grid types' swapped 64-row tiles spill (sm_90, fp16 x: IQ2_XXS 72 bytes
-# with its float16 function, 31 with the float32 one), and so do their swapped 32-row ones
-# with the float32 function (11-38 bytes, bfloat16 x before their bfloat16 functions); their
-# plain tiles with the float32 function do not (IQ2_XXS's BM = 64: 904 instructions a step;
-# BENCHMARKS.md "The grid types in float16", "bfloat16 x at float16's speed")
-SWAP_AB_BM32_ONLY = dict.fromkeys(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"],
-                                  ("fp16", "bf16"))
+# Swapped at BM = 32 only (with their half-precision functions, float16 or bfloat16 x): the
+# grid types' swapped 64-row tiles spill (sm_90, fp16 x: IQ2_XXS 72 bytes with its float16
+# function, 31 with the float32 one), and so did their swapped 32-row ones with the float32
+# function (11-38 bytes, bfloat16 x before their bfloat16 functions); their plain tiles with
+# the float32 function do not (IQ2_XXS's BM = 64: 904 instructions a step; BENCHMARKS.md
+# "The grid types in float16", "bfloat16 x at float16's speed")
+SWAP_AB_BM32_ONLY = frozenset(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"])
 
 
 def swap_ab(type_name: str, bm: int, dtype) -> bool:
@@ -442,8 +441,7 @@ def swap_ab(type_name: str, bm: int, dtype) -> bool:
     swapped tile only."""
     return (bm >= 32 and type_name in SWAP_AB_TYPES and act_name(dtype) != "fp32"
             and not (bm == 128 and type_name in BM128_SPILLS)
-            and not (type_name in SWAP_AB_BM32_ONLY
-                     and (bm > 32 or act_name(dtype) not in SWAP_AB_BM32_ONLY[type_name])))
+            and not (type_name in SWAP_AB_BM32_ONLY and bm > 32))
 
 
 def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:

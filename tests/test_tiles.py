@@ -28,8 +28,7 @@ def default_tile(name, bm, act="fp16"):
     if bm == 16 and name in half:  # the wider tile of a float16 or bfloat16 dequant function
         bn = half[name]
     if (bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES  # the weight tile as A
-            and not (name in configs.SWAP_AB_BM32_ONLY
-                     and (bm > 32 or act not in configs.SWAP_AB_BM32_ONLY[name]))):
+            and not (name in configs.SWAP_AB_BM32_ONLY and bm > 32)):
         bn = 64 if block >= 256 else 128
     step = max(1, 128 // block)  # a K step of 128 weights
     if bm == 128:  # swapped only; two warpgroups for 256-weight blocks (not Q6_K's: it spills)
