@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 
@@ -70,6 +72,21 @@ def _cuda_device(index: int) -> Device:
         KNOWN_DEVICES[capability].shared_memory if capability in KNOWN_DEVICES
         else props.shared_memory_per_block)
     return Device(capability, shared, props.multi_processor_count)
+
+
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the installed Triton ("3.6.0", "3.9.0+git...": (3, 6), (3, 9)), read
+    without importing it. Some tiles depend on it (below): the same kernel compiles to
+    other code, and spills registers where another version does not."""
+    try:
+        found = re.match(r"(\d+)\.(\d+)", version("triton"))
+    except PackageNotFoundError:
+        found = None
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+# The Triton the tiles are chosen for (tests set it to check another version's choices)
+TRITON = triton_version()
 
 
 # Activation dtypes by their short names (Triton's): fp16, bf16, fp32
@@ -299,6 +316,7 @@ MATMUL_RULE: dict[str, tuple] = {
     ),
     'Q5_K': (
         (1, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (256, 'gemm_bm128'),
@@ -309,7 +327,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (256, 'gemm_bm128'),
+        (384, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q8_0': (
@@ -317,7 +335,9 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (256, 'gemm_bm128'),
+        (128, 'gemm_bm128'),
+        (192, 'gemm_bm64'),
+        (384, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'TQ1_0': (
@@ -329,6 +349,7 @@ MATMUL_RULE: dict[str, tuple] = {
     ),
     'TQ2_0': (
         (8, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
@@ -407,6 +428,11 @@ GEMM_M16_BN = {"Q8_0": 64, "IQ3_XXS": 32}
 GEMM_M16_BN_F16 = {"Q4_K": 128, "IQ3_XXS": 64}
 # the same with bfloat16 x, where the type's bfloat16 function does as its float16 one
 GEMM_M16_BN_BF16 = {"Q4_K": 128, "IQ3_XXS": 64}
+# Triton 3.6 and 3.7 (the GPU machine's 3.6, vLLM installs' of torch 2.10-2.11) spill
+# registers in Q4_K's 16 x 128 tile, in both dtypes (36 bytes, LDL in the K loop; 3.8 and 3.9
+# none): there the float32 function's BN, 64 (no spills, 0.73 of the bytes' bound against the
+# spilling tile's 0.83, sm_90 SASS; BENCHMARKS.md "Triton 3.6")
+GEMM_M16_WIDE_FROM_TRITON = {"Q4_K": (3, 8)}
 
 
 # The types whose BM = 32 and 64 tiles, with float16 or bfloat16 x, take the weight tile as
@@ -434,12 +460,46 @@ BM128_NARROW = frozenset(["Q6_K"])
 # the float32 function do not (IQ2_XXS's BM = 64: 904 instructions a step; BENCHMARKS.md
 # "The grid types in float16", "bfloat16 x at float16's speed")
 SWAP_AB_BM32_ONLY = frozenset(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"])
+# and not swapped at all before this Triton: IQ3_S's swapped BM = 32 tile spills 27 bytes in
+# its K loop with Triton 3.6 (3.7 on: none); the plain one (BN = 32) none (sm_90 SASS, fp16 x:
+# 0.15 of the bytes' bound against the spilling tile's 0.24)
+SWAP_AB_FROM_TRITON = {"IQ3_S": (3, 7)}
+
+
+# The types whose BM = 16 and 32 tiles take their half-precision dequant function only from
+# this Triton on: Triton 3.6 spills 23-124 bytes in IQ4_XS's with it, in the K loop (3.7 on:
+# none); its float32 function spills none there, at about the same issue (sm_90 SASS: 0.30 of
+# the bytes' bound, against 0.29-0.33 spilling; Triton 3.9: 0.51-0.71 with the half-precision
+# function). Not the BM = 64 tile's wide_f16 (IQ4_XS's nibble groups: no spills with 3.6, 0.50).
+# dispatch.gemm_dequant reads it.
+HALF_DEQUANT_FROM_TRITON = {"IQ4_XS": (3, 7)}
+
+
+def half_dequant_allowed(type_name: str) -> bool:
+    """Whether the tiles may take the type's half-precision dequant function with this Triton."""
+    return TRITON >= HALF_DEQUANT_FROM_TRITON.get(type_name, (0, 0))
+
+
+# The types whose BM = 16 tile (x the MMA's A operand, read from shared memory) takes the
+# 16-bit weight tile through gemm.kwidth_fence: their unpacking is not ordered for the
+# fragments, and behind the fence x's tile is read by ldmatrix (sm_90 SASS, loop
+# instructions a K step, fp16 / bf16 x, Triton 3.9: Q5_K 730 / 740 -> 569 / 579, 0.84 ->
+# 1.00 of the bytes' bound; Q6_K 660 -> 498; Q2_K 655 / 674 -> 521 / 588, 0.45 / 0.43 ->
+# 0.56 / 0.50; Q8_0 278 / 409 -> 262 / 334; TQ2_0 818 / 884 -> 729 / 795; Triton 3.6 alike:
+# Q8_0 357 -> 260). The other types' tiles issue up to twice as much fenced (Q4_0: 488 -> 982).
+KWIDTH_FENCE_BM16 = frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0", "TQ2_0"])
+
+
+def kwidth_fence(type_name: str, bm: int, dtype) -> bool:
+    """Whether the BM-row tile for x of `dtype` fences its weight tile (gemm.tile_product)."""
+    return bm == 16 and act_name(dtype) != "fp32" and type_name in KWIDTH_FENCE_BM16
 
 
 def swap_ab(type_name: str, bm: int, dtype) -> bool:
     """Whether the BM-row tile for x of `dtype` multiplies w @ x.T (see above). BM = 128 is a
     swapped tile only."""
     return (bm >= 32 and type_name in SWAP_AB_TYPES and act_name(dtype) != "fp32"
+            and TRITON >= SWAP_AB_FROM_TRITON.get(type_name, (0, 0))
             and not (bm == 128 and type_name in BM128_SPILLS)
             and not (type_name in SWAP_AB_BM32_ONLY and bm > 32))
 
@@ -459,7 +519,7 @@ def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
             return 32
         return 128 if block_size < 256 else 64
     half = {"fp16": GEMM_M16_BN_F16, "bf16": GEMM_M16_BN_BF16}.get(act_name(dtype), {})
-    if type_name in half:
+    if type_name in half and TRITON >= GEMM_M16_WIDE_FROM_TRITON.get(type_name, (0, 0)):
         return half[type_name]
     return GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128)
 

@@ -186,9 +186,12 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     """The fused GEMM's dequant function, DQ, the dtype it returns, DQ_DT, and the order of
     its columns, XRUN, for its BM-row tile and x of `dtype`: the type's half-precision
     function where it takes x's dtype (registry.py; from BM = 64 on its wide_f16 where it has
-    that, the float32 one for bfloat16), else the float32 one."""
+    that, the float32 one for bfloat16; below, where the installed Triton may take it:
+    configs.half_dequant_allowed), else the float32 one; and FENCE, whether the tile
+    fences its weight tile (configs.kwidth_fence)."""
     act = configs.act_name(dtype)
-    float32 = {"DQ": fmt.dequant, "DQ_DT": tl.float32, "XRUN": 0}
+    fence = {"FENCE": configs.kwidth_fence(fmt.name, bm, act)}
+    float32 = {"DQ": fmt.dequant, "DQ_DT": tl.float32, "XRUN": 0, **fence}
     half = fmt.half_dequant(act)
     if half is None:
         return float32
@@ -196,8 +199,11 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
         function, run = fmt.wide_f16
         if act != "fp16" or function is fmt.dequant:
             return float32
-        return {"DQ": function, "DQ_DT": tl.float16, "XRUN": run}
-    return {"DQ": half, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": fmt.f16_nibble_run}
+        return {"DQ": function, "DQ_DT": tl.float16, "XRUN": run, **fence}
+    if not configs.half_dequant_allowed(fmt.name):
+        return float32
+    return {"DQ": half, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": fmt.f16_nibble_run,
+            **fence}
 
 
 def matmul_path(type_name: str, m: int) -> str:

@@ -23,14 +23,37 @@ and only two or more programs on an SM let one's MMA run while another dequantiz
 import triton
 import triton.language as tl
 
-from .fields import tile_columns
+from .fields import INTERPRETED, tile_columns
 from .split_k import add_partial_sums
+
+# An identity the compiler cannot look through: a "mov" it must keep (impure). Triton sizes
+# both MMA operands' register fragments (kWidth) from what it finds behind either operand:
+# the narrowest load, halved where a tt.join lies between (AccelerateMatmul's
+# computeOrigBitWidth). A weight tile unpacked from 32-bit words through joins can get kWidth 4
+# (a toy tile of one join: 4 with Triton 3.6 and 3.7, 2 with 3.9), and then x's 16-bit tile,
+# read from shared memory as the BM = 16 tile's A operand, is loaded by scalar loads and
+# register moves instead of ldmatrix (Q8_0's tile at sm_90 with Triton 3.6: 82 moves a K step).
+# Behind the fence the weight tile is only its own 16 bits: kWidth 2. The fence also keeps the
+# dot operand's layout from reaching back into the dequant function, which most types' tiles
+# depend on (their unpacking is ordered for the fragments: Q4_0's BM = 16 tile issues twice as
+# much fenced), so it is for configs.KWIDTH_FENCE_BM16's types only.
+KWIDTH_FENCE_PTX = tl.constexpr("mov.b32 $0, $1;")
 
 
 @triton.jit
-def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr):
+def kwidth_fence(w):
+    """w itself, 16-bit values (two a register), in a form Triton cannot see through."""
+    if INTERPRETED:
+        return w
+    else:
+        return tl.inline_asm_elementwise(KWIDTH_FENCE_PTX, "=r,r", [w], dtype=w.dtype, is_pure=False, pack=2)
+
+
+@triton.jit
+def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr, FENCE: tl.constexpr = False):
     """acc + x [BM, BLOCK] times the dequantized weight tile w [BN, BLOCK]: acc is [BM, BN],
-    or with SWAP [BN, BM] (the weight tile as the MMA's A operand)."""
+    or with SWAP [BN, BM] (the weight tile as the MMA's A operand). FENCE: the 16-bit weight
+    tile through kwidth_fence (configs.kwidth_fence: BM = 16 tiles only, never swapped)."""
     if SWAP:
         if IEEE:
             acc = tl.dot(w, tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
@@ -39,7 +62,11 @@ def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr):
     else:
         if IEEE:
             acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+        elif FENCE:
+            acc = tl.dot(x, tl.trans(kwidth_fence(w.to(x.dtype))), acc)
         else:
+            # (transposed, then converted: Triton 3.6 spills 78 bytes in IQ1_S's BM = 64
+            # tile the other way round)
             acc = tl.dot(x, tl.trans(w).to(x.dtype), acc)
     return acc
 
@@ -68,7 +95,7 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
                 BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
                 XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
-                DQ_DT: tl.constexpr = tl.float32):
+                DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False):
     # SUMS (float32, OUT's strides) and COUNTS [tiles] int32, zeroed: the split-K workspace
     # (split_k.py), which the tiles' last programs leave zeroed again (dispatch.py keeps it)
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -92,7 +119,7 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
             j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
             w = dequant_tile(DQ, DQ_DT, P0, P1, P2, P3, P4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
-            acc = tile_product(acc, x, w, IEEE, SWAP)
+            acc = tile_product(acc, x, w, IEEE, SWAP, FENCE)
     offsets = ms[:, None].to(tl.int64) * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:

@@ -107,7 +107,7 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
                     SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
-                    DQ_DT: tl.constexpr = tl.float32):
+                    DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert, E for the
@@ -140,6 +140,6 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
             j = i * STEP_BLOCKS + b
             w = dequant_tile(DQ, DQ_DT, p0, p1, p2, p3, p4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xrows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
-            acc = tile_product(acc, x, w, IEEE, SWAP)
+            acc = tile_product(acc, x, w, IEEE, SWAP, FENCE)
     out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
     tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])

@@ -162,7 +162,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--batch-sweep", action="store_true",
                     help="the path and its estimate at each M and weight shape (see above)")
+    ap.add_argument("--fail-on-loop-spills", action="store_true",
+                    help="with --sass: exit 1 if a kernel of this layout spills registers in its main "
+                         "loop (LDL / STL there; .ci/run's check of the Triton the GPU machine has)")
     args = ap.parse_args()
+    if args.fail_on_loop_spills and not args.sass:
+        ap.error("--fail-on-loop-spills reads the SASS: add --sass")
     if args.batch_sweep:
         return batch_sweep(args.types.split(","), args.jobs, args.json, args.act)
     archs = [int(a) for a in args.arch.split(",")]
@@ -238,6 +243,11 @@ def main() -> None:
                   f"{r['vector_loads']} | {r['scalar_loads']} | {r['mma']} / {r['wgmma']} | "
                   f"{r['registers']} | {r['shared_memory']} / {r['shared_memory_limit'] or '-'} | "
                   f"{r['spills']} |")
+    if args.fail_on_loop_spills:
+        spilling = [f"{r['type']} {r['family']} sm_{r['arch']} {r['act']} {r.get('config', '')}" for r in rows
+                    if not r["family"].startswith("gemv (raw") and {"LDL", "STL"} & set(r["loop_opcodes"])]
+        if spilling:
+            sys.exit("error: registers spilled in the main loop of: " + "; ".join(spilling))
 
 
 SWEEP_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048)

@@ -607,6 +607,17 @@ def test_word_nibbles_ptx_pairs_neighbouring_bytes():
     assert np.array_equal(halves["$1"], words >> np.uint32(16))
 
 
+def test_the_kwidth_fence_ptx_is_the_identity():
+    """gemm.kwidth_fence's inline PTX (the interpreter returns the tile itself), run by
+    tests/ptx_emulator.py on random words: each word, two 16-bit weights, unchanged."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.gemm import KWIDTH_FENCE_PTX
+
+    words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    assert np.array_equal(run(KWIDTH_FENCE_PTX.value, {"$1": words})["$0"], words)
+
+
 def test_word_bytes_ptx_puts_each_byte_under_float16s_exponent():
     """fields.bytes_f16's inline PTX, run by tests/ptx_emulator.py on random words: two PRMTs
     with 0x64646464 make the halves 0x64XX of bytes 0, 1 and of bytes 2, 3, the lower byte in

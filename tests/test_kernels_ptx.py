@@ -200,9 +200,12 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
 # functions, their grid rows gathered as bytes in the 8-weight runs' fragment order
 # (signed_grid8_f16, BENCHMARKS.md "The grid types in float16"): IQ2_XXS 0.16 -> 0.32, IQ2_XS
 # 0.17 -> 0.31, IQ2_S 0.18 -> 0.36, IQ3_XXS 0.18 -> 0.39, IQ3_S 0.23 -> 0.40, IQ1_S (its grid
-# + delta: iq1_s_half) 0.12 -> 0.21
+# + delta: iq1_s_half) 0.12 -> 0.21; the weight tile behind gemm.kwidth_fence, x's tile then
+# read by ldmatrix (configs.KWIDTH_FENCE_BM16, BENCHMARKS.md "Triton 3.6"): Q5_K 0.84 -> 1.0,
+# Q2_K 0.45 -> 0.56
 GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q8_0": 0.95,
-                   "Q4_K": 0.85, "IQ4_NL": 0.75, "IQ4_XS": 0.7, "Q2_K": 0.44, "Q3_K": 0.39,
+                   "Q4_K": 0.85, "Q5_K": 0.95, "Q6_K": 0.95, "IQ4_NL": 0.75, "IQ4_XS": 0.7, "Q2_K": 0.54,
+                   "Q3_K": 0.39,
                    "MXFP4": 0.64, "NVFP4": 0.7, "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35,
                    "IQ3_XXS": 0.38, "IQ3_S": 0.38, "IQ1_S": 0.2}
 # and the BM = 64 tile (the default `gemm` family at sm_90), the swapped one on a wgmma: the
@@ -233,8 +236,8 @@ def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
 # half (BM = 16: Q4_0 0.54, Q4_K 0.47, Q6_K 0.57, MXFP4 0.31; BENCHMARKS.md "bfloat16 x at
 # float16's speed")
 BF16_TILE_FLOORS = {
-    "gemm_m16": {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q4_K": 0.85, "Q5_K": 0.8,
-                 "Q6_K": 0.95, "Q2_K": 0.42, "Q3_K": 0.39, "MXFP4": 0.64, "NVFP4": 0.68,
+    "gemm_m16": {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q4_K": 0.85, "Q5_K": 0.95,
+                 "Q6_K": 0.95, "Q2_K": 0.48, "Q3_K": 0.39, "MXFP4": 0.64, "NVFP4": 0.68,
                  "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35, "IQ3_XXS": 0.38, "IQ3_S": 0.38,
                  "IQ4_NL": 0.58, "IQ4_XS": 0.53, "IQ1_S": 0.2},
     # (the 64-row tiles of Q2_K, Q3_K, IQ4_XS, IQ1_S and the grid types take the float32

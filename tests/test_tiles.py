@@ -25,9 +25,11 @@ def default_tile(name, bm, act="fp16"):
     block = kernels.FORMATS[name].block_size
     bn = configs.GEMM_M16_BN.get(name, 64 if block >= 256 else 128) if bm == 16 else 32
     half = {"fp16": configs.GEMM_M16_BN_F16, "bf16": configs.GEMM_M16_BN_BF16}.get(act, {})
-    if bm == 16 and name in half:  # the wider tile of a float16 or bfloat16 dequant function
+    # the wider tile of a float16 or bfloat16 dequant function, where this Triton does not spill
+    if bm == 16 and name in half and configs.TRITON >= configs.GEMM_M16_WIDE_FROM_TRITON.get(name, (0, 0)):
         bn = half[name]
     if (bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES  # the weight tile as A
+            and configs.TRITON >= configs.SWAP_AB_FROM_TRITON.get(name, (0, 0))
             and not (name in configs.SWAP_AB_BM32_ONLY and bm > 32)):
         bn = 64 if block >= 256 else 128
     step = max(1, 128 // block)  # a K step of 128 weights
@@ -89,6 +91,44 @@ def test_a_99_kb_gpu_gets_another_tile_for_float32_q4_k_than_an_h200_for_float16
         k: v for k, v in small.items() if k != "SPLIT_K"}
     # the interpreter has no limit: the present tile
     assert configs.gemm_config("Q4_K", 256, 64, N, 16, configs.INTERPRETER, torch.float32)["BN"] == 32
+
+
+def test_tiles_that_spill_with_an_older_triton_are_not_launched_with_it(monkeypatch):
+    """Triton 3.6 (the GPU machine's) and 3.7 spill registers in the K loop of tiles that 3.8
+    and 3.9 compile without (sm_90 SASS, BENCHMARKS.md "Triton 3.6"; .ci/run compiles every
+    tile with Triton 3.6.0 and fails on a spill in a K loop): with those versions Q4_K's BM = 16
+    tile is 64 wide, not 128, IQ4_XS's tiles take its float32 dequant function, and IQ3_S's
+    BM = 32 tile is not swapped; with 3.9, the tiles above."""
+    from gguf_repack_kernels.dispatch import gemm_dequant
+
+    def tiles():
+        q4_k = {act: configs.gemm_config("Q4_K", 256, 16, N, K // 256, configs.KNOWN_DEVICES[90], act)["BN"]
+                for act in ("fp16", "bf16")}
+        iq4_xs = {(bm, act): str(gemm_dequant(kernels.FORMATS["IQ4_XS"], act, bm)["DQ_DT"])
+                  for bm in (16, 32) for act in ("fp16", "bf16")}
+        iq3_s = [configs.swap_ab("IQ3_S", 32, act) for act in ("fp16", "bf16")]
+        return q4_k, set(iq4_xs.values()), iq3_s
+
+    for version, expected in [((3, 9), ({"fp16": 128, "bf16": 128}, {"fp16", "bf16"}, [True, True])),
+                              ((3, 8), ({"fp16": 128, "bf16": 128}, {"fp16", "bf16"}, [True, True])),
+                              ((3, 7), ({"fp16": 64, "bf16": 64}, {"fp16", "bf16"}, [True, True])),
+                              ((3, 6), ({"fp16": 64, "bf16": 64}, {"fp32"}, [False, False]))]:
+        monkeypatch.setattr(configs, "TRITON", version)
+        assert tiles() == expected, version
+
+
+def test_the_installed_tritons_version_is_read():
+    import triton
+
+    assert configs.TRITON == tuple(int(p) for p in triton.__version__.split(".")[:2])
+
+
+def test_the_kwidth_fence_is_for_the_16_row_tiles_of_its_types_in_16_bit_x_only():
+    from gguf_repack_kernels.dispatch import gemm_dequant
+
+    fenced = {(name, bm, act) for name, fmt in kernels.FORMATS.items() for bm in (16, 32, 64, 128)
+              for act in ACTS if gemm_dequant(fmt, act, bm)["FENCE"]}
+    assert fenced == {(name, 16, act) for name in configs.KWIDTH_FENCE_BM16 for act in ("fp16", "bf16")}
 
 
 def test_dtypes_by_name():
