@@ -125,6 +125,9 @@ def test_swapped_tiles_give_the_product(name, rng, monkeypatch):
     qtype, planes = make_planes(name, (n, k), rng)
     dense = dequantize_planes(planes, qtype)
     monkeypatch.setattr(kernels.dispatch, "matmul_path", lambda type_name, m: "gemm")
+    # every swapped tile, also those the installed Triton is not given (configs.SWAP_AB_FROM_TRITON:
+    # they spill with Triton 3.6, which computes them right all the same)
+    monkeypatch.setattr(configs, "TRITON", (99, 0))
     x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32)) / dense.abs().max()
     for bm in (32, 64, 128):
         for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 2e-2)):
