@@ -76,8 +76,10 @@ def _cuda_device(index: int) -> Device:
 
 def triton_version() -> tuple[int, int]:
     """(major, minor) of the installed Triton ("3.6.0", "3.9.0+git...": (3, 6), (3, 9)), read
-    without importing it. Some tiles depend on it (below): the same kernel compiles to
-    other code, and spills registers where another version does not."""
+    without importing it; (0, 0) where no "triton" distribution is found (a build under
+    another name), which takes the oldest version's tiles: those spill with none measured.
+    Some tiles depend on it (below): the same kernel compiles to other code, and spills
+    registers where another version does not."""
     try:
         found = re.match(r"(\d+)\.(\d+)", version("triton"))
     except PackageNotFoundError:
