@@ -277,6 +277,15 @@ def main_loop(sass: str) -> list[tuple[int, str]]:
     return [(a, op) for a, op, _ in instrs if span[0] <= a <= span[1]]
 
 
+def loop_spills(rows: list[dict]) -> list[str]:
+    """The kernels of the rp1 layout among `rows` (scripts/inspect_kernels.py --sass rows) that
+    spill registers inside their main loop: an LDL or STL there, a trip to local memory every
+    iteration (the raw-layout GEMV, a baseline, is not checked). Named by type, family, arch,
+    activation dtype and tile."""
+    return [f"{r['type']} {r['family']} sm_{r['arch']} {r['act']} {r.get('config', '')}" for r in rows
+            if not r["family"].startswith("gemv (raw") and {"LDL", "STL"} & set(r["loop_opcodes"])]
+
+
 # Dense fp16/bf16 tensor-core rate of an H100/H200 SM: 989 TFLOP/s over 132 SMs at 1.83 GHz.
 TENSOR_FLOP_PER_SM_CYCLE = 4096
 

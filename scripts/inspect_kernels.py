@@ -57,6 +57,7 @@ from gguf_repack_kernels.aot import (  # noqa: E402
     family_shared_memory,
     gemm_summary,
     load_widths,
+    loop_spills,
     matmul_path_estimates,
     ptx_summary,
     resources,
@@ -244,8 +245,7 @@ def main() -> None:
                   f"{r['registers']} | {r['shared_memory']} / {r['shared_memory_limit'] or '-'} | "
                   f"{r['spills']} |")
     if args.fail_on_loop_spills:
-        spilling = [f"{r['type']} {r['family']} sm_{r['arch']} {r['act']} {r.get('config', '')}" for r in rows
-                    if not r["family"].startswith("gemv (raw") and {"LDL", "STL"} & set(r["loop_opcodes"])]
+        spilling = loop_spills(rows)
         if spilling:
             sys.exit("error: registers spilled in the main loop of: " + "; ".join(spilling))
 

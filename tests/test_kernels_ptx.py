@@ -67,6 +67,21 @@ def test_no_local_memory_spills(ptx_rows):
     assert {t for t, f in known if "raw" in f} <= {"Q5_K"}
 
 
+def test_a_spill_in_a_main_loop_is_found():
+    """aot.loop_spills, which .ci/run's Triton 3.6 phase fails on (inspect_kernels.py
+    --fail-on-loop-spills): a kernel with an LDL or STL in its main loop is named, one that
+    spills outside it or not at all is not, nor the raw-layout baseline."""
+    from gguf_repack_kernels.aot import loop_spills
+
+    def row(family, opcodes, spills=0):
+        return {"type": "Q4_K", "family": family, "arch": 90, "act": "fp16", "config": {"BM": 16},
+                "loop_opcodes": dict.fromkeys(opcodes, 1), "spills": spills}
+
+    rows = [row("gemm_m16", ["HMMA", "LDL"], 36), row("gemm_m32", ["STL", "FFMA"], 8),
+            row("gemm", ["HGMMA"], 16), row("gemv", ["FFMA"]), row("gemv (raw GGUF blocks)", ["LDL"], 4)]
+    assert loop_spills(rows) == ["Q4_K gemm_m16 sm_90 fp16 {'BM': 16}", "Q4_K gemm_m32 sm_90 fp16 {'BM': 16}"]
+
+
 def test_gemm_uses_tensor_cores(ptx_rows):
     for r in ptx_rows:
         if r["family"] == "gemm":
