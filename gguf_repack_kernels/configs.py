@@ -91,6 +91,12 @@ def triton_version() -> tuple[int, int]:
 TRITON = triton_version()
 
 
+def on_this_triton(from_triton: dict, type_name: str) -> bool:
+    """Whether the installed Triton is at or past the version `from_triton` ({type: (major,
+    minor)}, the tables below) names for the type: a tile or function it spills with before."""
+    return TRITON >= from_triton.get(type_name, (0, 0))
+
+
 # Activation dtypes by their short names (Triton's): fp16, bf16, fp32
 ACTS = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 
@@ -479,7 +485,7 @@ HALF_DEQUANT_FROM_TRITON = {"IQ4_XS": (3, 7)}
 
 def half_dequant_allowed(type_name: str) -> bool:
     """Whether the tiles may take the type's half-precision dequant function with this Triton."""
-    return TRITON >= HALF_DEQUANT_FROM_TRITON.get(type_name, (0, 0))
+    return on_this_triton(HALF_DEQUANT_FROM_TRITON, type_name)
 
 
 # The types whose BM = 16 tile (x the MMA's A operand, read from shared memory) takes the
@@ -501,7 +507,7 @@ def swap_ab(type_name: str, bm: int, dtype) -> bool:
     """Whether the BM-row tile for x of `dtype` multiplies w @ x.T (see above). BM = 128 is a
     swapped tile only."""
     return (bm >= 32 and type_name in SWAP_AB_TYPES and act_name(dtype) != "fp32"
-            and TRITON >= SWAP_AB_FROM_TRITON.get(type_name, (0, 0))
+            and on_this_triton(SWAP_AB_FROM_TRITON, type_name)
             and not (bm == 128 and type_name in BM128_SPILLS)
             and not (type_name in SWAP_AB_BM32_ONLY and bm > 32))
 
@@ -521,7 +527,7 @@ def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
             return 32
         return 128 if block_size < 256 else 64
     half = {"fp16": GEMM_M16_BN_F16, "bf16": GEMM_M16_BN_BF16}.get(act_name(dtype), {})
-    if type_name in half and TRITON >= GEMM_M16_WIDE_FROM_TRITON.get(type_name, (0, 0)):
+    if type_name in half and on_this_triton(GEMM_M16_WIDE_FROM_TRITON, type_name):
         return half[type_name]
     return GEMM_M16_BN.get(type_name, 64 if block_size >= 256 else 128)
 

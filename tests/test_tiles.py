@@ -26,10 +26,10 @@ def default_tile(name, bm, act="fp16"):
     bn = configs.GEMM_M16_BN.get(name, 64 if block >= 256 else 128) if bm == 16 else 32
     half = {"fp16": configs.GEMM_M16_BN_F16, "bf16": configs.GEMM_M16_BN_BF16}.get(act, {})
     # the wider tile of a float16 or bfloat16 dequant function, where this Triton does not spill
-    if bm == 16 and name in half and configs.TRITON >= configs.GEMM_M16_WIDE_FROM_TRITON.get(name, (0, 0)):
+    if bm == 16 and name in half and configs.on_this_triton(configs.GEMM_M16_WIDE_FROM_TRITON, name):
         bn = half[name]
     if (bm >= 32 and act != "fp32" and name in configs.SWAP_AB_TYPES  # the weight tile as A
-            and configs.TRITON >= configs.SWAP_AB_FROM_TRITON.get(name, (0, 0))
+            and configs.on_this_triton(configs.SWAP_AB_FROM_TRITON, name)
             and not (name in configs.SWAP_AB_BM32_ONLY and bm > 32)):
         bn = 64 if block >= 256 else 128
     step = max(1, 128 // block)  # a K step of 128 weights
