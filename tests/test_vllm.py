@@ -32,11 +32,29 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
+    wait_for_the_vllm_environment()
     python = os.environ.get("GGUF_REPACK_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
     assert Path(python).exists(), (
         f"no vLLM environment at {python}: run .ci/run (it makes .venv-vllm) or set "
         f"GGUF_REPACK_VLLM_PYTHON")
     return python
+
+
+def wait_for_the_vllm_environment(timeout: float = 1200.0) -> None:
+    """Where GGUF_REPACK_VLLM_MADE names a file (.ci/run: the vLLM environment is still being
+    made beside the first tests), wait until it is there, and fail at once if it says the
+    making failed (it holds the exit status; .ci/run prints the log)."""
+    made = os.environ.get("GGUF_REPACK_VLLM_MADE")
+    if not made:
+        return
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(made):
+        assert time.monotonic() < deadline, f"the vLLM environment was not made in {timeout:.0f} s"
+        time.sleep(1)
+    status = Path(made).read_text().strip()
+    assert status == "0", f"making the vLLM environment failed (exit status {status}): see .ci/run's log"
 
 
 def window_as_vllm_counts(out: Path) -> Path:
@@ -250,3 +268,20 @@ def test_the_vllm_environment_is_vllm_and_the_project_alone(vllm_python):
     proc = subprocess.run([vllm_python, "-c", "import accelerate"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode != 0 and "No module named 'accelerate'" in proc.stderr
+
+
+def test_the_vllm_environment_is_waited_for_and_its_failure_named(tmp_path, monkeypatch):
+    """.ci/run's vLLM environment, made beside the first tests: its tests wait for the file
+    its exit status goes to, and fail at once, naming it, if the making failed."""
+    made = tmp_path / "made"
+    monkeypatch.setenv("GGUF_REPACK_VLLM_MADE", str(made))
+    with pytest.raises(AssertionError, match="not made in 1 s"):
+        wait_for_the_vllm_environment(timeout=1.0)
+    made.write_text("1\n")
+    with pytest.raises(AssertionError, match="making the vLLM environment failed"):
+        wait_for_the_vllm_environment()
+    made.write_text("0\n")
+    wait_for_the_vllm_environment()
+    monkeypatch.delenv("GGUF_REPACK_VLLM_MADE")
+    made.unlink()
+    wait_for_the_vllm_environment()  # not under .ci/run: nothing to wait for
