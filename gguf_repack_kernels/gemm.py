@@ -36,7 +36,7 @@ from .split_k import add_partial_sums
 # Behind the fence the weight tile is only its own 16 bits: kWidth 2. The fence also keeps the
 # dot operand's layout from reaching back into the dequant function, which most types' tiles
 # depend on (their unpacking is ordered for the fragments: Q4_0's BM = 16 tile issues twice as
-# much fenced), so it is for configs.KWIDTH_FENCE_BM16's types only.
+# much fenced), so it is for configs.KWIDTH_FENCE's tiles only.
 KWIDTH_FENCE_PTX = tl.constexpr("mov.b32 $0, $1;")
 
 
@@ -53,10 +53,12 @@ def kwidth_fence(w):
 def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr, FENCE: tl.constexpr = False):
     """acc + x [BM, BLOCK] times the dequantized weight tile w [BN, BLOCK]: acc is [BM, BN],
     or with SWAP [BN, BM] (the weight tile as the MMA's A operand). FENCE: the 16-bit weight
-    tile through kwidth_fence (configs.kwidth_fence: BM = 16 tiles only, never swapped)."""
+    tile through kwidth_fence (configs.kwidth_fence: the tiles it measures faster so)."""
     if SWAP:
         if IEEE:
             acc = tl.dot(w, tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
+        elif FENCE:
+            acc = tl.dot(kwidth_fence(w.to(x.dtype)), tl.trans(x), acc)
         else:
             acc = tl.dot(w.to(x.dtype), tl.trans(x), acc)
     else:
