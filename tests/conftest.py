@@ -47,11 +47,14 @@ SLOW_CASES = {
 
 
 # Run first: the modules that take longest (minutes each), so that `pytest -n 2 --dist
-# loadfile` (CI) does not start one of them when the other worker is nearly done.
-LONGEST_FIRST = ["test_llama_cpp_files.py", "test_vllm.py", "test_vllm_moe.py", "test_architectures.py",
-                 "test_gpu_path.py",
-                 "test_kernels.py", "test_hf.py", "test_bench_scripts.py", "test_kernels_ptx.py",
-                 "test_moe.py", "test_loader.py", "test_hardening.py"]
+# loadfile` (CI) does not start one of them when the other worker is nearly done; by their
+# times in CI (2026-12-06). The first two do not start vLLM at once (llama.cpp's files are made
+# first; the compiles need none), so that .ci/run's vLLM environment, finished beside the
+# first tests, is there when the second worker first asks for it.
+LONGEST_FIRST = ["test_llama_cpp_files.py", "test_kernels_ptx.py", "test_kernels.py", "test_vllm.py",
+                 "test_architectures.py", "test_bench_scripts.py", "test_hardening.py", "test_hf.py",
+                 "test_vllm_moe.py", "test_gpu_path.py", "test_real_float_files.py", "test_moe.py",
+                 "test_loader.py"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the marks of every collected test
