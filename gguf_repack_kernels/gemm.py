@@ -53,7 +53,7 @@ def kwidth_fence(w):
 def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr, FENCE: tl.constexpr = False):
     """acc + x [BM, BLOCK] times the dequantized weight tile w [BN, BLOCK]: acc is [BM, BN],
     or with SWAP [BN, BM] (the weight tile as the MMA's A operand). FENCE: the 16-bit weight
-    tile through kwidth_fence (configs.kwidth_fence: the tiles it measures faster so)."""
+    tile through kwidth_fence (configs.kwidth_fence: the tiles that issue less so, measured)."""
     if SWAP:
         if IEEE:
             acc = tl.dot(w, tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
