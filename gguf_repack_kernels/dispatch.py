@@ -186,7 +186,7 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     """The fused GEMM's dequant function, DQ, the dtype it returns, DQ_DT, and the order of
     its columns, XRUN, for its BM-row tile and x of `dtype`: the type's half-precision
     function where it takes x's dtype (registry.py; from BM = 64 on its wide_f16 where it has
-    that, the float32 one for bfloat16; below, where the installed Triton may take it:
+    that; below, where the installed Triton may take it:
     configs.half_dequant_allowed), else the float32 one; and FENCE, whether the tile
     fences its weight tile (configs.kwidth_fence)."""
     act = configs.act_name(dtype)
@@ -197,9 +197,9 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
         return float32
     if bm >= 64 and fmt.wide_f16 is not None:
         function, run = fmt.wide_f16
-        if act != "fp16" or function is fmt.dequant:
+        if function is fmt.dequant:
             return float32
-        return {"DQ": function, "DQ_DT": tl.float16, "XRUN": run, **fence}
+        return {"DQ": function, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": run, **fence}
     if not configs.half_dequant_allowed(fmt.name):
         return float32
     return {"DQ": half, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": fmt.f16_nibble_run,

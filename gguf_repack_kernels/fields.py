@@ -305,17 +305,6 @@ BYTE_PAIR_SCALED_BF16_PTX = tl.constexpr(
     "prmt.b32 t, $1, $2, $3; fma.rn.bf16x2 t, t, one, $4; fma.rn.bf16x2 $0, t, $5, nz; }")
 
 
-# bytes b = value + 128 over a signed byte's whole range (IQ4's table values) in bfloat16,
-# whose exponent of 128 holds 7 bits: the low 7 under it, 128 + (b & 127), then less 128
-# where b's top bit is set and 256 where it is not (b - 128 either way, exactly: the second
-# constant is the pair's own bits, its mantissa cleared, its exponent's low bit flipped, its
-# sign set), then times the scale, rounded once
-BYTE_PAIR_SIGNED_SCALED_BF16_PTX = tl.constexpr(
-    "{ .reg .b32 t, v, c, one, nz; mov.b32 one, 0x3F803F80; mov.b32 nz, 0x80008000; "
-    "prmt.b32 t, $1, $2, $3; and.b32 v, t, 0xFF7FFF7F; and.b32 c, t, 0xFF80FF80; "
-    "xor.b32 c, c, 0x80808080; fma.rn.bf16x2 v, v, one, c; fma.rn.bf16x2 $0, v, $4, nz; }")
-
-
 # byte_pairs_f16's PRMT of bytes made unsigned by + 128 (signed ones XORed with 0x80), then
 # less the 1152 that leaves them exact, plus a delta and times a scale, float16 pairs each: the
 # 1-bit grids' (grid + delta) * scale (the delta is not exact in 1152 - delta)
@@ -363,27 +352,6 @@ def byte_pairs_times_f16(w, Z, scales, BIAS: tl.constexpr, DT: tl.constexpr = tl
         return tl.inline_asm_elementwise(
             BYTE_PAIR_SCALED_F16_PTX, "=r,r,r,r,r,r",
             [w[:, :, None], 0x64646464 + Z[:, :, None], 0x4140 + 0x202 * h, bias, scales],
-            dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def byte_pairs_signed_scaled_bf16(w, Z, scales):
-    """int32 [R, n] of bytes b = value + 128 (any byte) -> int32 [R, n, 2]: pair h of each
-    word, bytes 2h and 2h + 1, as two bfloat16 halves (b - 128) * scale, `scales` bfloat16
-    pairs (int32 [R, n, 2] or ones that broadcast to it): exact, then rounded once (see
-    BYTE_PAIR_SIGNED_SCALED_BF16_PTX). Z: row_zero, [R, 1]."""
-    h = tl.arange(0, 2)[None, None, :]
-    if INTERPRETED:  # the values, then the bfloat16 product the PTX makes
-        b = shr(w[:, :, None], 16 * h)
-        lo = ((b & 0xFF) - 128).to(tl.bfloat16) * scales.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        hi = (((b >> 8) & 0xFF) - 128).to(tl.bfloat16) \
-            * shr(scales, 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
-            | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
-    else:
-        return tl.inline_asm_elementwise(
-            BYTE_PAIR_SIGNED_SCALED_BF16_PTX, "=r,r,r,r,r",
-            [w[:, :, None], 0x43434343 + Z[:, :, None], 0x4140 + 0x202 * h, scales],
             dtype=tl.int32, is_pure=True, pack=1)
 
 
@@ -622,7 +590,88 @@ def lookup16_bytes(codes, TABLE, W0: tl.constexpr, W1: tl.constexpr, W2: tl.cons
                                          dtype=tl.int32, is_pure=True, pack=1)
 
 
-def lookup16_ptx(values, f16: bool = False, high: bool = False) -> str:
+def lookup16_bf16_words(values) -> tuple[int, ...]:
+    """A table of 16 small integers (|v| < 256: exact in bfloat16) as lookup16_bf16 takes it:
+    8 int32 words, the low bytes of the values' bfloat16 bits, then their high bytes."""
+    bits = [int(np.array(float(v), np.float32).view(np.uint32)) >> 16 for v in values]
+    assert len(bits) == 16 and all(abs(int(v)) < 256 for v in values)
+    words = [sum(((b >> shift) & 0xFF) << (8 * i) for i, b in enumerate(bits[4 * w:4 * w + 4]))
+             for shift in (0, 8) for w in range(4)]
+    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+
+
+# LOOKUP16_BYTES_PTX's lookup in two tables at once, the low ($3..$6) and the high ($7..$10)
+# bytes of 16 bfloat16 values, by the same selector and the same pick by bit 3: the 4 codes'
+# low bytes out ($0), their high bytes ($1). bfloat16's 7-bit mantissa cannot hold a whole
+# byte under its exponent (the trick float16 plays with 1024 + byte), so the table holds the
+# bfloat16 values themselves, exact for IQ4's kvalues: 6 instructions for 4 values where the
+# whole byte made exact in two pieces (the low 7 bits under the exponent, then less 128 or
+# 256 by the top bit) took 3 a pair more (BENCHMARKS.md, "IQ4's kvalues as bfloat16 bits")
+LOOKUP16_BF16_PTX = tl.constexpr(
+    "{ .reg .b32 s, t, lo, hi, m; "
+    "and.b32 s, $2, 0x07070707; shr.u32 t, s, 4; or.b32 s, s, t; prmt.b32 s, s, s, 0x0020; "
+    "shl.b32 m, $2, 4; prmt.b32 m, m, m, 0xBA98; "
+    "prmt.b32 lo, $3, $4, s; prmt.b32 hi, $5, $6, s; lop3.b32 $0, hi, lo, m, 0xE4; "
+    "prmt.b32 lo, $7, $8, s; prmt.b32 hi, $9, $10, s; lop3.b32 $1, hi, lo, m, 0xE4; }")
+
+
+@triton.jit
+def lookup16_bf16(codes, TABLE, L0: tl.constexpr, L1: tl.constexpr, L2: tl.constexpr,
+                  L3: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
+                  H3: tl.constexpr, Z):
+    """int32 words of 4 codes (bits 0-3 of each byte; the rest ignored) -> two int32 words:
+    the low bytes and the high bytes of the 4 values' bfloat16 bits (bf16_pairs_scaled
+    interleaves them). L0..H3: lookup16_bf16_words(VALUES), registers made from the zero Z
+    (row_zero, broadcast to codes' shape), as lookup16_bytes' table. TABLE holds VALUES as
+    int32 from word 0, for the interpreter."""
+    if INTERPRETED:
+        lo = codes * 0
+        hi = codes * 0
+        for k in tl.static_range(4):
+            v = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + (shr(codes, 8 * k) & 15))
+            bits = v.to(tl.float32).to(tl.int32, bitcast=True) >> 16
+            lo = lo | ((bits & 0xFF) << (8 * k))
+            hi = hi | (((bits >> 8) & 0xFF) << (8 * k))
+        return lo, hi
+    else:
+        return tl.inline_asm_elementwise(
+            LOOKUP16_BF16_PTX, "=r,=r,r,r,r,r,r,r,r,r,r",
+            [codes, L0 + Z, L1 + Z, L2 + Z, L3 + Z, H0 + Z, H1 + Z, H2 + Z, H3 + Z],
+            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+# bfloat16 pair h of 4 values given as their low bytes ($1) and high bytes ($2): one PRMT
+# interleaves them (selector $3: 0x5140 for values 0, 1, 0x7362 for 2, 3), then times the
+# scale pair ($4) plus -0.0 (a product's sign and zero kept), rounded once
+BF16_PAIR_SCALED_PTX = tl.constexpr(
+    "{ .reg .b32 t, nz; mov.b32 nz, 0x80008000; prmt.b32 t, $1, $2, $3; "
+    "fma.rn.bf16x2 $0, t, $4, nz; }")
+
+
+@triton.jit
+def bf16_pairs_scaled(lo, hi, Z, scales):
+    """lookup16_bf16's words of low and high bytes, int32 [R, n] each -> int32 [R, n, 2]:
+    pair h of each 4 values (values 2h and 2h + 1) as bfloat16 halves times `scales`
+    (bfloat16 pairs, int32 [R, n, 2] or ones that broadcast to it), rounded once. Z:
+    row_zero, [R, 1]."""
+    h = tl.arange(0, 2)[None, None, :]
+    if INTERPRETED:  # the values, then the bfloat16 product the PTX makes
+        lo_h = shr(lo[:, :, None], 16 * h)
+        hi_h = shr(hi[:, :, None], 16 * h)
+        v0 = ((lo_h & 0xFF) | ((hi_h & 0xFF) << 8)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        v1 = (((lo_h >> 8) & 0xFF) | (hi_h & 0xFF00)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        p0 = v0 * scales.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        p1 = v1 * shr(scales, 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        return (p0.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) \
+            | (p1.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    else:
+        return tl.inline_asm_elementwise(
+            BF16_PAIR_SCALED_PTX, "=r,r,r,r,r",
+            [lo[:, :, None], hi[:, :, None], 0x5140 + 0x2222 * h + Z[:, :, None], scales],
+            dtype=tl.int32, is_pure=True, pack=1)
+
+
+def lookup16_ptx(values, f16: bool = False, high: bool = False, bf16: bool = False) -> str:
     """PTX for `lookup16` (float32, or float16 with f16): 4 codes (0..15, one a byte of the
     input register) -> values[code], for a table of 16 small integers (IQ4's kvalues, E2M1's
     doubled values). The table lives in the instruction stream as 4 words of its bytes, each
@@ -636,12 +685,21 @@ def lookup16_ptx(values, f16: bool = False, high: bool = False) -> str:
     Only bits 0-3 of each byte are read (bit 3 through a shift by 4), so a byte of two packed
     nibbles is looked up by its low one as it is; with `high`, by its high one (bits 4-6
     shifted down, bit 7 in place): the nibbles need no unpacking beforehand, which Triton
-    does byte by byte (four instructions a byte, seen in the SASS)."""
+    does byte by byte (four instructions a byte, seen in the SASS). As bfloat16 (the same
+    outputs and input as float16), whose 7-bit mantissa cannot hold a byte under its exponent:
+    the table is the low bytes of the values' bfloat16 bits, and a second table of their high
+    bytes is looked up by the same selectors (two PRMTs and a LOP3 more), two PRMTs
+    interleaving them into pairs (lookup16_bf16_words)."""
     table = [(int(v) + 128) & 0xFF for v in values]
     assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
     words = [sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4)]
-    codes = "$2" if f16 else "$4"
-    if f16:
+    codes = "$2" if f16 or bf16 else "$4"
+    if bf16:
+        words = [w & 0xFFFFFFFF for w in lookup16_bf16_words(values)]
+        consts = "".join(f"mov.b32 b{i}, {words[4 + i]:#010x}; " for i in range(4))
+        convert = ("prmt.b32 lo, b0, b1, s; prmt.b32 hi, b2, b3, s; lop3.b32 t, hi, lo, m, 0xE4; "
+                   "prmt.b32 $0, r, t, 0x5140; prmt.b32 $1, r, t, 0x7362; ")
+    elif f16:
         consts = "mov.b32 c, 0x00000064; mov.b32 k, 0x64806480; "
         convert = ("prmt.b32 t, r, c, 0x4140; sub.f16x2 $0, t, k; "
                    "prmt.b32 t, r, c, 0x4342; sub.f16x2 $1, t, k; ")
@@ -656,7 +714,7 @@ def lookup16_ptx(values, f16: bool = False, high: bool = False) -> str:
     else:
         select = f"and.b32 s, {codes}, 0x07070707; "
         half = f"shl.b32 m, {codes}, 4; prmt.b32 m, m, m, 0xBA98; "
-    return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, c, k; "
+    return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, b0, b1, b2, b3, c, k; "
             f"mov.b32 a0, {words[0]:#010x}; mov.b32 a1, {words[1]:#010x}; "
             f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; " + consts + select +
             "shr.u32 t, s, 4; or.b32 s, s, t; "
@@ -666,23 +724,23 @@ def lookup16_ptx(values, f16: bool = False, high: bool = False) -> str:
 
 @triton.jit
 def lookup16_nibbles(b, TABLE, PTX_LOW: tl.constexpr, PTX_HIGH: tl.constexpr,
-                     F16: tl.constexpr = False):
+                     DT: tl.constexpr = tl.float32):
     """Both nibbles of every byte looked up (lookup16), straight from the packed bytes: uint8
     [R, n] -> [R, 2n] in *nibble-group order*: for each 4 bytes, the values of their 4 low
     nibbles, then of their 4 high ones. That is the order the lookups leave in registers (a
     lookup takes 4 bytes a register): ggml's order (all low nibbles, then all high ones)
     would cost a shuffle of every value, so the GEMM reads x in this order instead
-    (tile_columns). PTX_LOW and PTX_HIGH: lookup16_ptx(VALUES, F16) and
-    lookup16_ptx(VALUES, F16, high=True)."""
+    (tile_columns). PTX_LOW and PTX_HIGH: lookup16's PTX for DT, and the same with
+    high=True."""
     R: tl.constexpr = b.shape[0]
     G: tl.constexpr = b.shape[1] // 4
     b4 = tl.reshape(b, (R, G, 4))
     if INTERPRETED:
-        low = lookup16(b4 & 0x0F, TABLE, PTX_LOW, F16)
-        high = lookup16(b4 >> 4, TABLE, PTX_HIGH, F16)
+        low = lookup16(b4 & 0x0F, TABLE, PTX_LOW, DT)
+        high = lookup16(b4 >> 4, TABLE, PTX_HIGH, DT)
     else:
-        low = lookup16(b4, TABLE, PTX_LOW, F16)
-        high = lookup16(b4, TABLE, PTX_HIGH, F16)
+        low = lookup16(b4, TABLE, PTX_LOW, DT)
+        high = lookup16(b4, TABLE, PTX_HIGH, DT)
     return tl.reshape(tl.permute(tl.join(low, high), (0, 1, 3, 2)), (R, 8 * G))
 
 
@@ -716,18 +774,19 @@ def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
 
 
 @triton.jit
-def lookup16(codes, TABLE, PTX: tl.constexpr, F16: tl.constexpr = False):
+def lookup16(codes, TABLE, PTX: tl.constexpr, DT: tl.constexpr = tl.float32):
     """VALUES[code] for uint8 codes 0..15 (any shape whose last dimension is a multiple of
-    4), as float32, or float16 with F16 (exact either way: the values are small integers):
-    `PTX` is lookup16_ptx(VALUES, F16), and TABLE holds VALUES as int32 from word 0, for the
-    interpreter, which cannot run PTX and reads them from there."""
+    4), as DT: float32, float16 or bfloat16 (exact each: the values are small integers):
+    `PTX` is lookup16_ptx(VALUES) for float32, lookup16_ptx(VALUES, f16=True) for float16,
+    lookup16_ptx(VALUES, bf16=True) for bfloat16, and TABLE holds VALUES as int32 from word
+    0, for the interpreter, which cannot run PTX and reads them from there."""
     if INTERPRETED:
         values = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32))
-        if F16:
-            return values.to(tl.float16)
-        else:
-            return values.to(tl.float32)
-    elif F16:  # 4 codes a register in; 2 registers of 2 float16 out
+        return values.to(DT)
+    elif DT == tl.bfloat16:  # 4 codes a register in; 2 registers of 2 bfloat16 out
+        return tl.inline_asm_elementwise(PTX, "=r,=r,r", [codes], dtype=tl.bfloat16,
+                                         is_pure=True, pack=4)
+    elif DT == tl.float16:  # the same, float16
         return tl.inline_asm_elementwise(PTX, "=r,=r,r", [codes], dtype=tl.float16,
                                          is_pure=True, pack=4)
     else:  # 4 float32 registers out

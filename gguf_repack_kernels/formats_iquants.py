@@ -25,10 +25,10 @@ import triton.language as tl
 from .fields import (
     INTERPRETED,
     bf16_pair_words,
+    bf16_pairs_scaled,
     bits_at,
     byte_pairs_f16,
     byte_pairs_scaled_f16,
-    byte_pairs_signed_scaled_bf16,
     byte_pairs_times_f16,
     concat,
     dot4,
@@ -44,6 +44,8 @@ from .fields import (
     fragment_order_256,
     fragment_order_runs8,
     lookup16,
+    lookup16_bf16,
+    lookup16_bf16_words,
     lookup16_bytes,
     lookup16_nibbles,
     lookup16_ptx,
@@ -219,6 +221,11 @@ KVALUES_F16_PTX = tl.constexpr(lookup16_ptx(_kvalues(), f16=True))
 # the kvalues as 4 words of bytes, + 128 each (fields.lookup16_bytes)
 KW0, KW1, KW2, KW3 = (tl.constexpr(w) for w in lookup16_words(_kvalues()))
 KVALUES_F16_HIGH_PTX = tl.constexpr(lookup16_ptx(_kvalues(), f16=True, high=True))
+KVALUES_BF16_PTX = tl.constexpr(lookup16_ptx(_kvalues(), bf16=True))
+KVALUES_BF16_HIGH_PTX = tl.constexpr(lookup16_ptx(_kvalues(), bf16=True, high=True))
+# the kvalues' bfloat16 bits as 4 words of their low bytes, 4 of their high ones
+# (fields.lookup16_bf16)
+KL0, KL1, KL2, KL3, KH0, KH1, KH2, KH3 = (tl.constexpr(w) for w in lookup16_bf16_words(_kvalues()))
 
 
 @triton.jit
@@ -278,16 +285,17 @@ def iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 @triton.jit
 def iq4_nl_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
-    """IQ4_NL for the fused GEMM with bfloat16 x, as iq4_nl_f16 (its order, its lookups of
-    kvalue + 128 a byte), two bytes a PRMT under bfloat16's exponent, made exact and times d
-    rounded to bfloat16 in one asm (fields.byte_pairs_signed_scaled_bf16): two roundings."""
+    """IQ4_NL for the fused GEMM with bfloat16 x, as iq4_nl_f16 (its order), the kvalues
+    looked up as bfloat16 bits, 4 codes a word (fields.lookup16_bf16: exact), then a PRMT a
+    pair and times d rounded to bfloat16 (fields.bf16_pairs_scaled): two roundings."""
     R: tl.constexpr = rows.shape[0]
     z = row_zero(rows)[:, None, None]
     w = field_run(P1, j, rows, mask, N, 4, 0, 4, tl.int32)  # [R, 4]
     codes = shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :])  # [R, c, j]
-    b = tl.reshape(lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z), (R, 8))
+    lo, hi = lookup16_bf16(codes, TABLE, KL0, KL1, KL2, KL3, KH0, KH1, KH2, KH3, z)
     d = f16_pair_word(field_h(P0, j, rows, mask, N, tl.bfloat16))[:, :, None]  # [R, 1, 1]
-    q = f16_halves(byte_pairs_signed_scaled_bf16(b, row_zero(rows)[:, None], d), tl.bfloat16)
+    q = f16_halves(bf16_pairs_scaled(tl.reshape(lo, (R, 8)), tl.reshape(hi, (R, 8)),
+                                     row_zero(rows)[:, None], d), tl.bfloat16)
     return fragment_order_32(tl.reshape(q, (R, 4, 2, 2, 2)))
 
 
@@ -355,41 +363,44 @@ def iq4_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     one permutation of the thread's own registers puts them where tile_columns(256, -1)
     reads x. d times the sub-block's scale is rounded to float16, then times the value: two
     roundings where the float32 function has one (within the GEMM's tolerance). In bfloat16
-    the looked-up bytes (a whole byte each) are made exact in two pieces and scaled in one
-    asm (fields.byte_pairs_signed_scaled_bf16)."""
+    the kvalues are looked up as their bfloat16 bits (fields.lookup16_bf16: a whole byte does
+    not fit under bfloat16's exponent) and scaled a pair at a time (fields.bf16_pairs_scaled)."""
     R: tl.constexpr = rows.shape[0]
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(DT)  # [R, 8]: sub-block 2c + ihi
     z = row_zero(rows)[:, None]
     w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)  # [R, 32]
     codes = tl.reshape(shr(w[:, :, None], 4 * tl.arange(0, 2)[None, None, :]), (R, 64))  # [R, (word, s0)]
-    b = lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z)
     scale = tl.reshape(tl.broadcast_to(dl[:, :, None], (R, 8, 8)), (R, 64))
     if DT == tl.bfloat16:
-        pairs = byte_pairs_signed_scaled_bf16(b, z, f16_pair_word(scale)[:, :, None])
+        lo, hi = lookup16_bf16(codes, TABLE, KL0, KL1, KL2, KL3, KH0, KH1, KH2, KH3, z)
+        pairs = bf16_pairs_scaled(lo, hi, z, f16_pair_word(scale)[:, :, None])
     else:
-        pairs = byte_pairs_scaled_f16(b, z, scale, 1152.0)
+        pairs = byte_pairs_scaled_f16(lookup16_bytes(codes, TABLE, KW0, KW1, KW2, KW3, z), z, scale, 1152.0)
     q = tl.reshape(f16_halves(pairs, DT), (R, 4, 2, 4, 2, 2, 2))  # [R, (c, ihi, ilo, s0), s1, half]
     # [R, c, ihi, ilo, s0, s1, half] -> Q4_K's [R, c, i' = 4 s0 + ilo, s1, s0' = ihi, half]
     return fragment_order_256(tl.reshape(tl.permute(q, (0, 1, 4, 3, 5, 2, 6)), (R, 4, 8, 2, 2, 2)))
 
 
 @triton.jit
-def iq4_xs_f16_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
-    """IQ4_XS for the fused GEMM's tiles of BM >= 64 with float16 x, in nibble-group order:
-    there iq4_xs_half's lookups in registers, beside the 64-row accumulator, spill (sm_90, 56
-    bytes in the K loop), and this one's trip through shared memory does not. d times the
-    sub-block's scale is rounded to float16, then times the value, as iq4_xs_half."""
-    tl.static_assert(DT == tl.float16)  # its tables are float16 (wide_f16: float16 x only)
-    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(tl.float16)
+def iq4_xs_half_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ4_XS for the fused GEMM's tiles of BM >= 64 with float16 (or bfloat16) x, in
+    nibble-group order: there iq4_xs_half's lookups in registers, beside the 64-row
+    accumulator, spill (sm_90, 56 bytes in the K loop), and this one's trip through shared
+    memory does not. d times the sub-block's scale is rounded to DT, then times the value, as
+    iq4_xs_half."""
+    dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(DT)
     # in nibble-group order (registry.py): sub-block s is still columns 32s..32s+31
-    q = lookup16_nibbles(field(P3, j, rows, mask, N, 128, tl.uint8), TABLE, KVALUES_F16_PTX,
-                         KVALUES_F16_HIGH_PTX, True)
+    b = field(P3, j, rows, mask, N, 128, tl.uint8)
+    if DT == tl.bfloat16:
+        q = lookup16_nibbles(b, TABLE, KVALUES_BF16_PTX, KVALUES_BF16_HIGH_PTX, tl.bfloat16)
+    else:
+        q = lookup16_nibbles(b, TABLE, KVALUES_F16_PTX, KVALUES_F16_HIGH_PTX, tl.float16)
     return per_group(dl, q)
 
 
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
           dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_half=iq4_xs_half,
-          f16_nibble_run=-1, wide_f16=(iq4_xs_f16_nibble_groups, 16))
+          f16_nibble_run=-1, wide_f16=(iq4_xs_half_nibble_groups, 16))
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N)

@@ -45,7 +45,7 @@ other unpackings: Q2_K's and Q3_K's 2-bit fields (-2), and the grid types' runs 
 thread c taking run c of every 32 (-3, formats_iquants.signed_grid8_f16). Where that
 function needs more registers than a 64-row tile's accumulator leaves (IQ4_XS's lookups,
 Q2_K, the grid types), `wide_f16` names the one the tiles of BM >= 64 take, with its order
-("float32": the type's float32 function; else one taking DT, float16 only).
+("float32": the type's float32 function; else one taking DT, float16 or bfloat16).
 
 In bfloat16 (vLLM's default activation dtype) the same function, in the same order, unpacks
 under bfloat16's exponent (fields.py: 128 + a value under 128, exactly) and does its
@@ -54,9 +54,8 @@ to its 10), so a weight is within two bfloat16 roundings where float16 rounds on
 (tests/test_kernels.py holds each type's bound). `half_acts` names the x dtypes the function
 takes: not bfloat16 for Q8_0 (its values fill a byte; at the bytes' bound with the float32
 function), which takes the float32 function there, as a type does from BM = 64 on with
-bfloat16 x where it has a `wide_f16` (IQ4's table values + 128 fill a byte too:
-fields.byte_pairs_signed_scaled_bf16 takes them in two pieces; IQ1_S's -1, 0, 1 are made 0,
-1, 2).
+bfloat16 x where its `wide_f16` is "float32" (IQ4's table values fill a byte too: they are
+looked up as their bfloat16 bits, fields.lookup16_bf16; IQ1_S's -1, 0, 1 are made 0, 1, 2).
 """
 
 from __future__ import annotations

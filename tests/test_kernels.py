@@ -698,7 +698,6 @@ def test_bfloat16_byte_pair_ptx_makes_each_value_times_its_scale():
     the values instead), run by tests/ptx_emulator.py: bytes under bfloat16's exponent, made
     exact, times a scale, rounded once, against torch's float32 product (exact) rounded to
     bfloat16. fields.BYTE_PAIR_SCALED_BF16_PTX: bytes under 128 (the grid types'), 128 off;
-    BYTE_PAIR_SIGNED_SCALED_BF16_PTX: every pair of bytes b (IQ4's kvalue + 128), b - 128;
     BYTE_PAIR_SHIFTED_BF16_PTX: IQ1's -1, 0, 1 made 0, 1, 2, then times the scale plus the
     delta times the scale."""
     from ptx_emulator import run
@@ -706,7 +705,6 @@ def test_bfloat16_byte_pair_ptx_makes_each_value_times_its_scale():
     from gguf_repack_kernels.fields import (
         BYTE_PAIR_SCALED_BF16_PTX,
         BYTE_PAIR_SHIFTED_BF16_PTX,
-        BYTE_PAIR_SIGNED_SCALED_BF16_PTX,
     )
 
     rng = np.random.default_rng(0)
@@ -723,9 +721,7 @@ def test_bfloat16_byte_pair_ptx_makes_each_value_times_its_scale():
     scales = torch.from_numpy(rng.standard_normal(1 << 16)).bfloat16().float().numpy()
     s = bf16_word(scales)
     cases = [(BYTE_PAIR_SCALED_BF16_PTX, words & 0x7F7F7F7F, lambda b: b,
-              {"$4": np.full_like(words, bf16_word([-128.0])[0] * 0x10001)}),
-             (BYTE_PAIR_SIGNED_SCALED_BF16_PTX, np.arange(1 << 16, dtype=np.uint32) * 0x10001,
-              lambda b: b - 128, {})]
+              {"$4": np.full_like(words, bf16_word([-128.0])[0] * 0x10001)})]
     for ptx, w, value, extra in cases:
         for h in (0, 1):
             out = run(ptx.value, {"$1": w, "$2": np.full_like(w, 0x43434343),
@@ -777,6 +773,41 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
         for k in range(2):
             assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), \
                 (table, high, k)
+        # the bfloat16 variant alike (its tables the values' bfloat16 bits, low and high bytes)
+        regs = run(lookup16_ptx(values, bf16=True, high=high), {"$2": word})
+        halves = torch.tensor(values).bfloat16().view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
+        for k in range(2):
+            assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), \
+                (table, high, k, "bf16")
+
+
+def test_lookup16_bf16_ptx_gives_each_value_times_its_scale():
+    """fields.lookup16_bf16's inline PTX (the kvalues' bfloat16 bits looked up from two tables
+    in registers, what IQ4_NL's and IQ4_XS's bfloat16 tiles run), then
+    fields.BF16_PAIR_SCALED_PTX (a pair of them, times a bfloat16 scale), run by
+    tests/ptx_emulator.py for all 16**4 words of 4 codes (each byte's high nibble some other
+    value: not read): kvalue times the scale, exact in float32 and rounded once to bfloat16."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.fields import BF16_PAIR_SCALED_PTX, LOOKUP16_BF16_PTX, lookup16_bf16_words
+
+    values = list(gguf.quants.IQ4_NL.kvalues)
+    tables = [np.full(16 ** 4, w & 0xFFFFFFFF, np.uint32) for w in lookup16_bf16_words(values)]
+    codes = np.arange(16 ** 4, dtype=np.uint32)
+    c = [(codes >> (4 * k)) & 15 for k in range(4)]
+    word = sum((ck | (15 - ck) << 4) << (8 * k) for k, ck in enumerate(c)).astype(np.uint32)
+    looked_up = run(LOOKUP16_BF16_PTX.value, {"$2": word, **{f"${3 + i}": t for i, t in enumerate(tables)}})
+    rng = np.random.default_rng(0)
+    scales = torch.from_numpy(rng.standard_normal(16 ** 4)).bfloat16()
+    s = scales.view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
+    for h in (0, 1):
+        out = run(BF16_PAIR_SCALED_PTX.value, {"$1": looked_up["$0"], "$2": looked_up["$1"],
+                                               "$3": np.full_like(word, 0x5140 + 0x2222 * h),
+                                               "$4": s * 0x10001})["$0"]
+        for k in (0, 1):
+            want = (torch.tensor(values, dtype=torch.float32)[torch.from_numpy(c[2 * h + k].astype(np.int64))]
+                    * scales.float()).bfloat16().view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
+            assert np.array_equal((out >> (16 * k)) & 0xFFFF, want), (h, k)
 
 
 @triton.jit
@@ -869,7 +900,7 @@ def half_types(act: str) -> set[str]:
 
 @pytest.mark.parametrize("name, wide, dtype", [
     *[(n, False, torch.float16) for n in sorted(half_types("fp16"))],
-    *[(n, True, torch.float16) for n in KERNEL_TYPES
+    *[(n, True, dtype) for n in KERNEL_TYPES for dtype in (torch.float16, torch.bfloat16)
       if kernels.FORMATS[n].wide_f16 and kernels.FORMATS[n].wide_f16[0] is not kernels.FORMATS[n].dequant],
     *[(n, False, torch.bfloat16) for n in sorted(half_types("bf16"))]])
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtype, rng):
@@ -883,7 +914,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
     d * scale and dmin * min, then d * scale * q - dmin * min. A function that keeps its
     nibbles in place returns them in nibble-group order (registry.py): compared in that
     order (fields.tile_columns, held to it by the test above). The same of a type's wide_f16,
-    the function its tiles of BM >= 64 take (IQ4_XS).
+    the function its tiles of BM >= 64 take (IQ4_XS), in both dtypes.
 
     The bfloat16 functions (for bfloat16 x) likewise, in bfloat16: bit for bit where the
     scale is a power of two or exact in bfloat16 (MXFP4, NVFP4); where a float16 d is itself
