@@ -356,7 +356,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'TQ2_0': (
-        (8, 'gemv'),
+        (6, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
@@ -493,15 +493,16 @@ def half_dequant_allowed(type_name: str) -> bool:
 # the fragments, and behind the fence x's tile is read by ldmatrix (sm_90 SASS, loop
 # instructions a K step, fp16 / bf16 x, Triton 3.9: Q5_K 730 / 740 -> 569 / 579, 0.84 ->
 # 1.00 of the bytes' bound; Q6_K 660 -> 498; Q2_K 655 / 674 -> 521 / 588, 0.45 / 0.43 ->
-# 0.56 / 0.50; Q8_0 278 / 409 -> 262 / 334; TQ2_0 818 / 884 -> 729 / 795; Triton 3.6 alike:
-# Q8_0 357 -> 260). The other types' tiles issue up to twice as much fenced (Q4_0: 488 -> 982).
+# 0.56 / 0.50; Q8_0 278 / 409 -> 262 / 334; Triton 3.6 alike: Q8_0 357 -> 260). The other
+# types' tiles issue up to twice as much fenced (Q4_0: 488 -> 982; TQ2_0's, fenced while it
+# had the float32 function alone, 818 -> 729, with its float16 one 389 -> 947, spilling).
 # BM = 32 and 64, every type measured fenced (BENCHMARKS.md "The kWidth fence past 16 rows"):
 # two tiles gain with Triton 3.9, IQ1_M's plain BM = 32 one (1073 -> 965, 0.09 -> 0.10) and
 # Q2_K's swapped BM = 64 one (the weight tile the A operand: 1108 -> 956, 0.26 -> 0.31); every
 # other tile issues the same or up to 3.7x more, 22 of them spilling. IQ1_M's from Triton 3.8
 # on (3.8: 1105 -> 962; 3.6 and 3.7 issue a third more fenced: 1061 -> 1449, 1084 -> 1452);
 # Q2_K's the same unfenced on 3.6-3.8 (975, 901, 918).
-KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0", "TQ2_0"]),
+KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"]),
                 32: frozenset(["IQ1_M"]),
                 64: frozenset(["Q2_K"])}
 KWIDTH_FENCE_FROM_TRITON = {"IQ1_M": (3, 8)}

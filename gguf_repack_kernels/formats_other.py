@@ -20,6 +20,7 @@ from .fields import (
     field_bytes,
     field_f16,
     field_run,
+    fragment_order_256,
     lookup16,
     lookup16_ptx,
     lookup_run_dot,
@@ -30,6 +31,7 @@ from .fields import (
     row_u8,
     row_word,
     row_words,
+    row_zero,
     scale_f16,
     split4,
     swap_middle_bytes,
@@ -38,6 +40,7 @@ from .fields import (
     x8_scale,
     x_sum,
 )
+from .formats_kquants import by_thread_and_field, qs_fragment_words
 from .registry import register
 
 
@@ -154,7 +157,33 @@ def tq2_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
     return scale_f16(P1, j, rows, mask, N) * (acc - x_sum(SB, 0, 256))
 
 
-@register("TQ2_0", 256, ("qs", "d"), dot=tq2_0_dot, x_int8=True)
+@triton.jit
+def tq2_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """TQ2_0 for the fused GEMM's tiles with float16 (or bfloat16) x, in Q2_K's 2-bit fragment
+    order (fields.tile_columns, RUN = -2): its qs bytes are Q2_K's (field g of byte 32h + l is
+    weight 128h + 32g + l), unpacked as formats_kquants.q2_k_half unpacks them, two fields a
+    shift and a LOP3 under float16's exponent, less 1025 (code - 1, exactly), times d: exact in
+    float16 (d times -1, 0 or 1), and in bfloat16 d's one rounding. d is loaded alone and
+    broadcast as Q2_K's scales are (by_thread_and_field): read in its word, or multiplied as
+    [R, 1], the product sent the weight tile through shared memory (sm_90, BM = 16: 1274
+    instructions a step and spills, against 389). Not behind the kWidth fence (947, spilling).
+    The 64-row tiles take the float32 function (the expert one spilled in its K loop)."""
+    R: tl.constexpr = rows.shape[0]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
+    BASE: tl.constexpr = 129.0 if DT == tl.bfloat16 else 1025.0
+    t = qs_fragment_words(P0, j, rows, mask, N)
+    Z = row_zero(rows)[:, None, None, None]
+    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
+    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (ONES + Z)
+    q = tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2)) - BASE  # [R, c, i, k, s1, half]
+    d = field_f16(P1, j, rows, mask, N)  # [R, 1]
+    dl = by_thread_and_field(tl.broadcast_to(d, (R, 16)).to(DT))
+    q = q * dl
+    return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
+
+
+@register("TQ2_0", 256, ("qs", "d"), dot=tq2_0_dot, x_int8=True, dequant_half=tq2_0_half,
+          f16_nibble_run=-2, wide_f16="float32")
 @triton.jit
 def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # Each 32-byte half holds 4 groups of 32 weights, group g in bits 2g..2g+1. Raw code 3,

@@ -906,7 +906,7 @@ def half_types(act: str) -> set[str]:
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtype, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
-    Q5_0, Q8_0, IQ4_NL, NVFP4), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
+    Q5_0, Q8_0, IQ4_NL, NVFP4, TQ2_0), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
     outside float16's range, where the weights are 0 or infinite). Where a min is added (Q4_1,
     Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and the interpreter rounds d * q
     first: within those two roundings, of d * q and of the sum. IQ4_XS, Q6_K and Q3_K round d times
@@ -917,7 +917,8 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
     the function its tiles of BM >= 64 take (IQ4_XS), in both dtypes.
 
     The bfloat16 functions (for bfloat16 x) likewise, in bfloat16: bit for bit where the
-    scale is a power of two or exact in bfloat16 (MXFP4, NVFP4); where a float16 d is itself
+    scale is a power of two or exact in bfloat16 (MXFP4, NVFP4), or times -1, 0 or 1 (TQ2_0:
+    d's rounding is the weight's); where a float16 d is itself
     rounded to bfloat16 first (Q4_0, Q5_0, IQ4_NL; the d * scale of Q6_K, Q3_K, IQ4_XS and
     the grid types, IQ1_S's with its delta), within two roundings; with a min, within a
     rounding of each term and of the result."""
@@ -925,7 +926,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K", "Q5_K",
-            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"} \
+            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ2_0"} \
         == half_types("fp16")
     assert half_types("bf16") == half_types("fp16") - {"Q8_0"}
     qtype = TYPES_BY_NAME[name]
@@ -950,7 +951,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
                                             "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "IQ1_S"):
         # d (or d * scale) rounded to bfloat16, then the product: within two roundings
         assert ((got.float() - exact).abs() <= (eps + eps ** 2) * exact.abs() + tiny).all()
-    elif name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4"):
+    elif name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4", "TQ2_0"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
     elif name in ("IQ4_XS", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"):
         # d times the sub-block's scale rounded to float16, then its product with q
