@@ -200,7 +200,7 @@ GEMV_MAX_M = 8
 # (scripts/bench_gpu.py) should replace them.
 # BEGIN estimate_paths --write-configs
 MATMUL_RULE: dict[str, tuple] = {
-    'IQ1_M': ((4, 'gemv'), (16, 'gemm_bm16'), (64, 'gemm_bm64'), (None, 'dequantize+matmul')),
+    'IQ1_M': ((2, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ1_S': (
         (4, 'gemv'),
         (16, 'gemm_bm16'),
@@ -448,9 +448,9 @@ GEMM_M16_WIDE_FROM_TRITON = {"Q4_K": (3, 8)}
 # wgmma from registers (sm_90 SASS, fp16 x, the fraction of the bytes' bound its issue allows
 # per tile, BENCHMARKS.md "Batched decode kernels"). Not for float32 x: its IEEE dot runs on FMAs, and the
 # swapped 64 x 64 tile spills (Q4_K: 14,240 bytes).
-SWAP_AB_TYPES = frozenset(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS", "IQ4_NL", "IQ4_XS",
-                           "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K",
-                           "Q6_K", "Q8_0", "TQ1_0", "TQ2_0"])
+SWAP_AB_TYPES = frozenset(["IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS",
+                           "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
+                           "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "TQ1_0", "TQ2_0"])
 
 
 # The swapped BM = 128 tile (where MATMUL_RULE takes "gemm_bm128": one pass over the weight
@@ -466,8 +466,10 @@ BM128_NARROW = frozenset(["Q6_K"])
 # function, 31 with the float32 one), and so did their swapped 32-row ones with the float32
 # function (11-38 bytes, bfloat16 x before their bfloat16 functions); their plain tiles with
 # the float32 function do not (IQ2_XXS's BM = 64: 904 instructions a step; BENCHMARKS.md
-# "The grid types in float16", "bfloat16 x at float16's speed")
-SWAP_AB_BM32_ONLY = frozenset(["IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"])
+# "The grid types in float16", "bfloat16 x at float16's speed"). IQ1_M's with its
+# half-precision function alike: the plain BM = 32 tile spills 120 bytes, the swapped one
+# none (886 instructions a step, 0.22 of the bytes' bound; BENCHMARKS.md "IQ1_M in float16")
+SWAP_AB_BM32_ONLY = frozenset(["IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_S", "IQ3_XXS"])
 # and not swapped at all before this Triton: IQ3_S's swapped BM = 32 tile spills 27 bytes in
 # its K loop with Triton 3.6 (3.7 on: none); the plain one (BN = 32) none (sm_90 SASS, fp16 x:
 # 0.15 of the bytes' bound against the spilling tile's 0.24)
@@ -497,21 +499,18 @@ def half_dequant_allowed(type_name: str) -> bool:
 # types' tiles issue up to twice as much fenced (Q4_0: 488 -> 982; TQ2_0's, fenced while it
 # had the float32 function alone, 818 -> 729, with its float16 one 389 -> 947, spilling).
 # BM = 32 and 64, every type measured fenced (BENCHMARKS.md "The kWidth fence past 16 rows"):
-# two tiles gain with Triton 3.9, IQ1_M's plain BM = 32 one (1073 -> 965, 0.09 -> 0.10) and
-# Q2_K's swapped BM = 64 one (the weight tile the A operand: 1108 -> 956, 0.26 -> 0.31); every
-# other tile issues the same or up to 3.7x more, 22 of them spilling. IQ1_M's from Triton 3.8
-# on (3.8: 1105 -> 962; 3.6 and 3.7 issue a third more fenced: 1061 -> 1449, 1084 -> 1452);
-# Q2_K's the same unfenced on 3.6-3.8 (975, 901, 918).
+# one tile gains, Q2_K's swapped BM = 64 one (the weight tile the A operand: 1108 -> 956,
+# 0.26 -> 0.31 with Triton 3.9; the same unfenced on 3.6-3.8: 975, 901, 918); every other
+# issues the same or up to 3.7x more, 22 of them spilling. (IQ1_M's plain BM = 32 tile gained
+# too with its float32 function, 1073 -> 965 from Triton 3.8 on; with its half-precision one
+# it is swapped, unfenced: SWAP_AB_BM32_ONLY.)
 KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"]),
-                32: frozenset(["IQ1_M"]),
                 64: frozenset(["Q2_K"])}
-KWIDTH_FENCE_FROM_TRITON = {"IQ1_M": (3, 8)}
 
 
 def kwidth_fence(type_name: str, bm: int, dtype) -> bool:
     """Whether the BM-row tile for x of `dtype` fences its weight tile (gemm.tile_product)."""
-    return (act_name(dtype) != "fp32" and type_name in KWIDTH_FENCE.get(bm, ())
-            and on_this_triton(KWIDTH_FENCE_FROM_TRITON, type_name))
+    return act_name(dtype) != "fp32" and type_name in KWIDTH_FENCE.get(bm, ())
 
 
 def swap_ab(type_name: str, bm: int, dtype) -> bool:

@@ -868,8 +868,48 @@ def iq1_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return per_group(dl, shifted(grid_rows(TABLE, idx, 2, 0), (qh & 0x8000) != 0))
 
 
+@triton.jit
+def iq1_m_scales(P2, j, rows, mask, N):
+    """IQ1_M's d times each 16 weights' 3-bit scale, 2 * scale + 1, float32 [R, 16] (exact):
+    its four 16-bit scale words (read as two 32-bit ones) hold four 3-bit scales each and a
+    nibble of the float16 d on top."""
+    s = bitfields(field(P2, j, rows, mask, N, 2, tl.uint32), 16, 2, 0xFFFF)  # [R, 4]
+    d_bits = tl.sum((s >> 12) << (4 * tl.arange(0, 4))[None, :], axis=1)  # disjoint: sum is OR
+    d = d_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)[:, None]
+    return d * (2 * bitfields(s, 3, 4, 0x07) + 1).to(tl.float32)
+
+
+@triton.jit
+def iq1_m_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """IQ1_M for the fused GEMM with float16 (or bfloat16) x, as iq1_s_half (its grid, its
+    order, its PTX), with IQ1_M's fields: dl = d * (2 * scale + 1) every 16 weights
+    (iq1_m_scales) rounded to DT, and a qh nibble every 8 weights, its 3 low bits the grid
+    row's high bits and its top bit the delta's sign (-1/8 where set): two roundings where the
+    float32 function has one, as IQ1_S."""
+    R: tl.constexpr = rows.shape[0]
+    dl = iq1_m_scales(P2, j, rows, mask, N)  # [R, 16]
+    nib = bitfields(field(P1, j, rows, mask, N, 4, tl.uint32), 4, 8, 0x0F)  # [R, 32]: a row each
+    idx = bitfields(field(P0, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | ((nib & 0x07) << 8)
+    words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (row, word a)]
+    delta = tl.where((nib & 0x08) != 0, -0.125, 0.125)  # [R, 32]
+    dl_rows = tl.reshape(tl.broadcast_to(dl[:, :, None], (R, 16, 2)), (R, 32))
+    if DT == tl.bfloat16:
+        delta = delta * dl_rows  # exact (the deltas are +-1/8)
+    dl_rows = dl_rows.to(DT)
+    # a row's delta and scale for each of its 2 words
+    deltas = tl.reshape(tl.broadcast_to(f16_pair_word(delta.to(DT))[:, :, None], (R, 32, 2)), (R, 64))
+    scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl_rows)[:, :, None], (R, 32, 2)), (R, 64))
+    if DT == tl.bfloat16:
+        pairs = signed_byte_pairs_shifted_bf16(words, row_zero(rows)[:, None], deltas[:, :, None],
+                                               scales[:, :, None])
+    else:
+        pairs = signed_byte_pairs_shifted_f16(words, row_zero(rows)[:, None], deltas[:, :, None],
+                                              scales[:, :, None])
+    return fragment_order_runs8(tl.reshape(f16_halves(pairs, DT), (R, 8, 4, 2, 2, 2)))
+
+
 @register("IQ1_M", 256, ("qs", "qh", "scales"), table=IQ1_M_TABLE, dot=iq1_m_dot,
-          dot_parts=(1, 2))
+          dot_parts=(1, 2), dequant_half=iq1_m_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq1_m(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # scales: four 16-bit words, each four 3-bit scales and a nibble of the f16 d on top

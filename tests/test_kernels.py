@@ -918,16 +918,16 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
 
     The bfloat16 functions (for bfloat16 x) likewise, in bfloat16: bit for bit where the
     scale is a power of two or exact in bfloat16 (MXFP4, NVFP4), or times -1, 0 or 1 (TQ2_0:
-    d's rounding is the weight's); where a float16 d is itself
-    rounded to bfloat16 first (Q4_0, Q5_0, IQ4_NL; the d * scale of Q6_K, Q3_K, IQ4_XS and
-    the grid types, IQ1_S's with its delta), within two roundings; with a min, within a
-    rounding of each term and of the result."""
+    d's rounding is the weight's); where a float16 d is itself rounded to bfloat16 first
+    (Q4_0, Q5_0, IQ4_NL; the d * scale of Q6_K, Q3_K, IQ4_XS and the grid types, IQ1_S's and
+    IQ1_M's with their deltas), within two roundings; with a min, within a rounding of each
+    term and of the result."""
     from gguf_repack_kernels.dispatch import _plane_args
 
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K", "Q5_K",
-            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "TQ2_0"} \
-        == half_types("fp16")
+            "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+            "TQ2_0"} == half_types("fp16")
     assert half_types("bf16") == half_types("fp16") - {"Q8_0"}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
@@ -948,12 +948,13 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
     # float16's least subnormal, and bfloat16's (or a rounding of one at least)
     eps, tiny = (torch.finfo(dtype).eps, 2 ** -24 if dtype == torch.float16 else 2 ** -126)
     if dtype == torch.bfloat16 and name in ("Q4_0", "Q5_0", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",
-                                            "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "IQ1_S"):
+                                            "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ1_M"):
         # d (or d * scale) rounded to bfloat16, then the product: within two roundings
         assert ((got.float() - exact).abs() <= (eps + eps ** 2) * exact.abs() + tiny).all()
     elif name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4", "TQ2_0"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    elif name in ("IQ4_XS", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"):
+    elif name in ("IQ4_XS", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
+                  "IQ1_M"):
         # d times the sub-block's scale rounded to float16, then its product with q
         assert ((got.float() - exact).abs() <= 2 * eps * exact.abs() + 2 ** -24).all()
     elif name in ("Q4_K", "Q5_K", "Q2_K"):
