@@ -303,6 +303,21 @@ def qs_fragment_words(P, j, rows, mask, N):
 
 
 @triton.jit
+def qs_fields_half(P, j, rows, mask, N, DT: tl.constexpr):
+    """Q2_K's 64 qs bytes (TQ2_0's alike) in the 2-bit fragment order (q2_k_half), as DT
+    [R, c, i, k, s1, half]: 1024 + each 2-bit field in float16, 128 + each in bfloat16
+    (exactly), two fields a shift and a LOP3 under the exponent, as fields.nibbles_f16_
+    fragments unpacks nibbles."""
+    R: tl.constexpr = rows.shape[0]
+    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
+    t = qs_fragment_words(P, j, rows, mask, N)
+    Z = row_zero(rows)[:, None, None, None]
+    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
+    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (ONES + Z)
+    return tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2))
+
+
+@triton.jit
 def by_thread_and_field(x):
     """[R, 16] by Q2_K's and Q3_K's sub-block 8n + 2k + c % 2 -> [R, c, 1, k, 1, 1], to scale
     their fragment order's [R, c, i, k, s1, half] (q2_k_f16)."""
@@ -320,13 +335,8 @@ def q2_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     fragments unpacks nibbles; d * scale and dmin * min rounded to float16 once a sub-block,
     then one HFMA a pair, as q4_k_f16 (and as there, d and dmin loaded alone)."""
     R: tl.constexpr = rows.shape[0]
-    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
     BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
-    t = qs_fragment_words(P1, j, rows, mask, N)
-    Z = row_zero(rows)[:, None, None, None]
-    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
-    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (ONES + Z)
-    q = tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2)) - BASE  # [R, c, i, k, s1, half]
+    q = qs_fields_half(P1, j, rows, mask, N, DT) - BASE  # [R, c, i, k, s1, half]
     # The weight tile still reaches the MMA through shared memory (sm_90, BM = 16: 16 STS.128
     # a step): with scales that vary by sub-block, Triton's hoisting of the MMA operand's
     # layout back to the loads stops at a value that is not a load or a constant

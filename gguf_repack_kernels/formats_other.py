@@ -31,7 +31,6 @@ from .fields import (
     row_u8,
     row_word,
     row_words,
-    row_zero,
     scale_f16,
     split4,
     swap_middle_bytes,
@@ -40,7 +39,7 @@ from .fields import (
     x8_scale,
     x_sum,
 )
-from .formats_kquants import by_thread_and_field, qs_fragment_words
+from .formats_kquants import by_thread_and_field, qs_fields_half
 from .registry import register
 
 
@@ -169,13 +168,8 @@ def tq2_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     instructions a step and spills, against 389). Not behind the kWidth fence (947, spilling).
     The 64-row tiles take the float32 function (the expert one spilled in its K loop)."""
     R: tl.constexpr = rows.shape[0]
-    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
     BASE: tl.constexpr = 129.0 if DT == tl.bfloat16 else 1025.0
-    t = qs_fragment_words(P0, j, rows, mask, N)
-    Z = row_zero(rows)[:, None, None, None]
-    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
-    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (ONES + Z)
-    q = tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2)) - BASE  # [R, c, i, k, s1, half]
+    q = qs_fields_half(P0, j, rows, mask, N, DT) - BASE  # [R, c, i, k, s1, half]
     d = field_f16(P1, j, rows, mask, N)  # [R, 1]
     dl = by_thread_and_field(tl.broadcast_to(d, (R, 16)).to(DT))
     q = q * dl
