@@ -826,6 +826,36 @@ def shifted(grid, negative):
 
 
 @triton.jit
+def per_word(x, WORDS: tl.constexpr):
+    """[R, n] -> [R, WORDS]: each value repeated for its WORDS / n words."""
+    R: tl.constexpr = x.shape[0]
+    n: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.broadcast_to(x[:, :, None], (R, n, WORDS // n)), (R, WORDS))
+
+
+@triton.jit
+def shifted_grid8_half(words, delta, dl, Z, DT: tl.constexpr):
+    """IQ1_S's and IQ1_M's weights, (grid + delta) * dl, for the fused GEMM: words int32
+    [R, 64] (each 8-weight run's grid row, two words of signed bytes -1, 0, 1), delta float32
+    [R, a] (+-1/8) and dl float32 [R, b] (the scale), each for its 64 / a and 64 / b words,
+    a >= b -> DT [R, 256] in the 8-weight runs' fragment order (as signed_grid8_f16): dl
+    rounded to DT, then one rounding of each weight. float16: fields.signed_byte_pairs_
+    shifted_f16; bfloat16: fields.signed_byte_pairs_shifted_bf16, with the delta's product
+    with dl (a power of two times dl: rounded as dl is). Z: row_zero, [R, 1]."""
+    R: tl.constexpr = words.shape[0]
+    dl = per_word(dl, delta.shape[1])  # a scale for each delta
+    if DT == tl.bfloat16:
+        delta = delta * dl
+    deltas = per_word(f16_pair_word(delta.to(DT)), 64)[:, :, None]
+    scales = per_word(f16_pair_word(dl.to(DT)), 64)[:, :, None]
+    if DT == tl.bfloat16:
+        pairs = signed_byte_pairs_shifted_bf16(words, Z, deltas, scales)
+    else:
+        pairs = signed_byte_pairs_shifted_f16(words, Z, deltas, scales)
+    return fragment_order_runs8(tl.reshape(f16_halves(pairs, DT), (R, 8, 4, 2, 2, 2)))
+
+
+@triton.jit
 def iq1_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     """IQ1_S for the fused GEMM with float16 (or bfloat16) x, in the 8-weight runs' fragment
     order (as the other grid types, signed_grid8_f16): each run's signed grid bytes (-1, 0,
@@ -838,21 +868,11 @@ def iq1_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     d = field_h(P0, j, rows, mask, N).to(tl.float32)  # in its word: copied ahead
     # a 16-bit word per 32 weights: four 3-bit index highs, a 3-bit scale, the delta's sign
     qh = bitfields(field(P2, j, rows, mask, N, 4, tl.uint32), 16, 2, 0xFFFF)  # [R, 8]
-    dl = (d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)).to(DT)
+    dl = d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)
     delta = tl.where((qh & 0x8000) != 0, -0.125, 0.125)
     idx = bitfields(field(P1, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | (bitfields(qh, 3, 4, 0x07) << 8)
     words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (32 weights, run c, word a)]
-    if DT == tl.bfloat16:
-        delta = delta * dl.to(tl.float32)  # exact
-    # a group's delta and scale for each of its 8 words
-    delta = delta.to(DT)
-    deltas = tl.reshape(tl.broadcast_to(f16_pair_word(delta)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
-    scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl)[:, :, None], (R, 8, 8)), (R, 64))[:, :, None]
-    if DT == tl.bfloat16:
-        pairs = signed_byte_pairs_shifted_bf16(words, row_zero(rows)[:, None], deltas, scales)
-    else:
-        pairs = signed_byte_pairs_shifted_f16(words, row_zero(rows)[:, None], deltas, scales)
-    return fragment_order_runs8(tl.reshape(f16_halves(pairs, DT), (R, 8, 4, 2, 2, 2)))
+    return shifted_grid8_half(words, delta, dl, row_zero(rows)[:, None], DT)
 
 
 @register("IQ1_S", 256, ("d", "qs", "qh"), table=IQ1_S_TABLE, dot=iq1_s_dot,
@@ -892,20 +912,7 @@ def iq1_m_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     idx = bitfields(field(P0, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | ((nib & 0x07) << 8)
     words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (row, word a)]
     delta = tl.where((nib & 0x08) != 0, -0.125, 0.125)  # [R, 32]
-    dl_rows = tl.reshape(tl.broadcast_to(dl[:, :, None], (R, 16, 2)), (R, 32))
-    if DT == tl.bfloat16:
-        delta = delta * dl_rows  # exact (the deltas are +-1/8)
-    dl_rows = dl_rows.to(DT)
-    # a row's delta and scale for each of its 2 words
-    deltas = tl.reshape(tl.broadcast_to(f16_pair_word(delta.to(DT))[:, :, None], (R, 32, 2)), (R, 64))
-    scales = tl.reshape(tl.broadcast_to(f16_pair_word(dl_rows)[:, :, None], (R, 32, 2)), (R, 64))
-    if DT == tl.bfloat16:
-        pairs = signed_byte_pairs_shifted_bf16(words, row_zero(rows)[:, None], deltas[:, :, None],
-                                               scales[:, :, None])
-    else:
-        pairs = signed_byte_pairs_shifted_f16(words, row_zero(rows)[:, None], deltas[:, :, None],
-                                              scales[:, :, None])
-    return fragment_order_runs8(tl.reshape(f16_halves(pairs, DT), (R, 8, 4, 2, 2, 2)))
+    return shifted_grid8_half(words, delta, dl, row_zero(rows)[:, None], DT)
 
 
 @register("IQ1_M", 256, ("qs", "qh", "scales"), table=IQ1_M_TABLE, dot=iq1_m_dot,
