@@ -672,31 +672,37 @@ def bf16_pairs_scaled(lo, hi, Z, scales):
 
 
 def lookup16_ptx(values, f16: bool = False, high: bool = False, bf16: bool = False) -> str:
-    """PTX for `lookup16` (float32, or float16 with f16): 4 codes (0..15, one a byte of the
-    input register) -> values[code], for a table of 16 small integers (IQ4's kvalues, E2M1's
-    doubled values). The table lives in the instruction stream as 4 words of its bytes, each
-    XOR 0x80 (value + 128 as an unsigned byte): two PRMTs look 4 codes up in its halves, a LOP3
-    picks by bit 3 (the way llama.cpp's get_int_from_table_16 looks up, without its int8
-    dot). Then, as float32 ($0..$3, input $4): one PRMT per code puts its byte under a
-    float32's exponent, 0x4B0000XX = 2**23 + XX, and one FADD takes 2**23 + 128 off, exactly:
-    17 instructions for 4 weights, where a gather costs a shared-memory store, a barrier and a
-    load per weight. As float16 ($0, $1, two each, input $2): one PRMT puts a pair of bytes
-    under float16's exponent of 1024 (0x64XX 0x64YY) and one HSUB2 takes 1152 off both.
-    Only bits 0-3 of each byte are read (bit 3 through a shift by 4), so a byte of two packed
-    nibbles is looked up by its low one as it is; with `high`, by its high one (bits 4-6
-    shifted down, bit 7 in place): the nibbles need no unpacking beforehand, which Triton
-    does byte by byte (four instructions a byte, seen in the SASS). As bfloat16 (the same
-    outputs and input as float16), whose 7-bit mantissa cannot hold a byte under its exponent:
-    the table is the low bytes of the values' bfloat16 bits, and a second table of their high
-    bytes is looked up by the same selectors (two PRMTs and a LOP3 more), two PRMTs
-    interleaving them into pairs (lookup16_bf16_words)."""
+    """PTX for `lookup16` (float32) and `lookup16_half` (float16 with f16, bfloat16 with
+    bf16): 4 codes (0..15, one a byte of the input register) -> values[code], for a table of
+    16 small integers (IQ4's kvalues, E2M1's doubled values). The table is 4 words of its
+    bytes, each XOR 0x80 (value + 128 as an unsigned byte): two PRMTs look 4 codes up in its
+    halves, a LOP3 picks by bit 3 (the way llama.cpp's get_int_from_table_16 looks up,
+    without its int8 dot). As float32 the words are in the instruction stream ($0..$3 out,
+    input $4): one PRMT per code puts its byte under a float32's exponent, 0x4B0000XX =
+    2**23 + XX, and one FADD takes 2**23 + 128 off, exactly: 17 instructions for 4 weights,
+    where a gather costs a shared-memory store, a barrier and a load per weight. As float16
+    ($0, $1, two each, input $2) the words come in as registers, $3, $7, $11, $15
+    (lookup16_half: its pack of 4 codes gives each 32-bit operand 4 registers, all one
+    value): one PRMT puts a pair of bytes under float16's exponent of 1024 (0x64XX 0x64YY)
+    and one HSUB2 takes 1152 off both. Only bits 0-3 of each byte are read (bit 3 through a
+    shift by 4), so a byte of two packed nibbles is looked up by its low one as it is; with
+    `high`, by its high one (bits 4-6 shifted down, bit 7 in place): the nibbles need no
+    unpacking beforehand, which Triton does byte by byte (four instructions a byte, seen in
+    the SASS). As bfloat16 (the same outputs and input as float16), whose 7-bit mantissa
+    cannot hold a byte under its exponent: the table is the low bytes of the values'
+    bfloat16 bits ($3, $7, $11, $15), and a second table of their high bytes ($19, $23, $27,
+    $31: lookup16_bf16_words) is looked up by the same selectors (two PRMTs and a LOP3 more),
+    two PRMTs interleaving them into pairs."""
     table = [(int(v) + 128) & 0xFF for v in values]
     assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
     words = [sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4)]
     codes = "$2" if f16 or bf16 else "$4"
+    if f16 or bf16:  # lookup16_half's operands
+        words_in = "".join(f"mov.b32 a{i}, ${3 + 4 * i}; " for i in range(4))
+    else:
+        words_in = "".join(f"mov.b32 a{i}, {words[i]:#010x}; " for i in range(4))
     if bf16:
-        words = [w & 0xFFFFFFFF for w in lookup16_bf16_words(values)]
-        consts = "".join(f"mov.b32 b{i}, {words[4 + i]:#010x}; " for i in range(4))
+        consts = "".join(f"mov.b32 b{i}, ${19 + 4 * i}; " for i in range(4))
         convert = ("prmt.b32 lo, b0, b1, s; prmt.b32 hi, b2, b3, s; lop3.b32 t, hi, lo, m, 0xE4; "
                    "prmt.b32 $0, r, t, 0x5140; prmt.b32 $1, r, t, 0x7362; ")
     elif f16:
@@ -715,32 +721,35 @@ def lookup16_ptx(values, f16: bool = False, high: bool = False, bf16: bool = Fal
         select = f"and.b32 s, {codes}, 0x07070707; "
         half = f"shl.b32 m, {codes}, 4; prmt.b32 m, m, m, 0xBA98; "
     return ("{ .reg .b32 s, t, lo, hi, m, r, a0, a1, a2, a3, b0, b1, b2, b3, c, k; "
-            f"mov.b32 a0, {words[0]:#010x}; mov.b32 a1, {words[1]:#010x}; "
-            f"mov.b32 a2, {words[2]:#010x}; mov.b32 a3, {words[3]:#010x}; " + consts + select +
+            + words_in + consts + select +
             "shr.u32 t, s, 4; or.b32 s, s, t; "
             "prmt.b32 s, s, s, 0x0020; prmt.b32 lo, a0, a1, s; prmt.b32 hi, a2, a3, s; "
             + half + "lop3.b32 r, hi, lo, m, 0xE4; " + convert + "}")
 
 
 @triton.jit
-def lookup16_nibbles(b, TABLE, PTX_LOW: tl.constexpr, PTX_HIGH: tl.constexpr,
-                     DT: tl.constexpr = tl.float32):
-    """Both nibbles of every byte looked up (lookup16), straight from the packed bytes: uint8
-    [R, n] -> [R, 2n] in *nibble-group order*: for each 4 bytes, the values of their 4 low
-    nibbles, then of their 4 high ones. That is the order the lookups leave in registers (a
-    lookup takes 4 bytes a register): ggml's order (all low nibbles, then all high ones)
-    would cost a shuffle of every value, so the GEMM reads x in this order instead
-    (tile_columns). PTX_LOW and PTX_HIGH: lookup16's PTX for DT, and the same with
-    high=True."""
+def lookup16_nibbles(b, TABLE, PTX_LOW: tl.constexpr, PTX_HIGH: tl.constexpr, DT: tl.constexpr, Z,
+                     T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr,
+                     T4: tl.constexpr = 0, T5: tl.constexpr = 0, T6: tl.constexpr = 0,
+                     T7: tl.constexpr = 0):
+    """Both nibbles of every byte looked up (lookup16_half), straight from the packed bytes:
+    uint8 [R, n] -> DT [R, 2n] in *nibble-group order*: for each 4 bytes, the values of their
+    4 low nibbles, then of their 4 high ones. That is the order the lookups leave in
+    registers (a lookup takes 4 bytes a register): ggml's order (all low nibbles, then all
+    high ones) would cost a shuffle of every value, so the GEMM reads x in this order instead
+    (tile_columns). PTX_LOW and PTX_HIGH: lookup16_half's PTX for DT, and the same with
+    high=True; Z and T0..T7 as lookup16_half takes them (Z [R, 1, 1])."""
     R: tl.constexpr = b.shape[0]
     G: tl.constexpr = b.shape[1] // 4
     b4 = tl.reshape(b, (R, G, 4))
     if INTERPRETED:
-        low = lookup16(b4 & 0x0F, TABLE, PTX_LOW, DT)
-        high = lookup16(b4 >> 4, TABLE, PTX_HIGH, DT)
+        b4_low = b4 & 0x0F
+        b4_high = b4 >> 4
     else:
-        low = lookup16(b4, TABLE, PTX_LOW, DT)
-        high = lookup16(b4, TABLE, PTX_HIGH, DT)
+        b4_low = b4
+        b4_high = b4
+    low = lookup16_half(b4_low, TABLE, PTX_LOW, DT, Z, T0, T1, T2, T3, T4, T5, T6, T7)
+    high = lookup16_half(b4_high, TABLE, PTX_HIGH, DT, Z, T0, T1, T2, T3, T4, T5, T6, T7)
     return tl.reshape(tl.permute(tl.join(low, high), (0, 1, 3, 2)), (R, 8 * G))
 
 
@@ -774,24 +783,39 @@ def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
 
 
 @triton.jit
-def lookup16(codes, TABLE, PTX: tl.constexpr, DT: tl.constexpr = tl.float32):
+def lookup16(codes, TABLE, PTX: tl.constexpr):
     """VALUES[code] for uint8 codes 0..15 (any shape whose last dimension is a multiple of
-    4), as DT: float32, float16 or bfloat16 (exact each: the values are small integers):
-    `PTX` is lookup16_ptx(VALUES) for float32, lookup16_ptx(VALUES, f16=True) for float16,
-    lookup16_ptx(VALUES, bf16=True) for bfloat16, and TABLE holds VALUES as int32 from word
-    0, for the interpreter, which cannot run PTX and reads them from there."""
+    4), as float32 (exact: the values are small integers): `PTX` is lookup16_ptx(VALUES), and
+    TABLE holds VALUES as int32 from word 0, for the interpreter, which cannot run PTX and
+    reads them from there."""
     if INTERPRETED:
-        values = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32))
-        return values.to(DT)
-    elif DT == tl.bfloat16:  # 4 codes a register in; 2 registers of 2 bfloat16 out
-        return tl.inline_asm_elementwise(PTX, "=r,=r,r", [codes], dtype=tl.bfloat16,
-                                         is_pure=True, pack=4)
-    elif DT == tl.float16:  # the same, float16
-        return tl.inline_asm_elementwise(PTX, "=r,=r,r", [codes], dtype=tl.float16,
-                                         is_pure=True, pack=4)
-    else:  # 4 float32 registers out
+        return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32)).to(tl.float32)
+    else:  # 4 codes a register in, 4 float32 registers out
         return tl.inline_asm_elementwise(PTX, "=r,=r,=r,=r,r", [codes], dtype=tl.float32,
                                          is_pure=True, pack=4)
+
+
+@triton.jit
+def lookup16_half(codes, TABLE, PTX: tl.constexpr, DT: tl.constexpr, Z,
+                  T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, T3: tl.constexpr,
+                  T4: tl.constexpr = 0, T5: tl.constexpr = 0, T6: tl.constexpr = 0,
+                  T7: tl.constexpr = 0):
+    """lookup16 as float16 or bfloat16 (DT): PTX is lookup16_ptx(VALUES, f16=True) or
+    lookup16_ptx(VALUES, bf16=True), whose table words come in as registers made from the
+    zero Z (row_zero, broadcast to codes' shape), as lookup16_bytes' do: T0..T3 =
+    lookup16_words(VALUES) for float16, T0..T7 = lookup16_bf16_words(VALUES) for bfloat16.
+    In the instruction stream ptxas kept them in uniform registers and copied them into
+    vector ones for every lookup (IQ4_XS's BM = 64 tile, bfloat16 x: 116 copies a K step)."""
+    if INTERPRETED:
+        return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + codes.to(tl.int32)).to(DT)
+    elif DT == tl.bfloat16:  # 4 codes a register in; 2 registers of 2 bfloat16 out
+        return tl.inline_asm_elementwise(
+            PTX, "=r,=r,r" + ",r" * 32,
+            [codes, T0 + Z, T1 + Z, T2 + Z, T3 + Z, T4 + Z, T5 + Z, T6 + Z, T7 + Z],
+            dtype=tl.bfloat16, is_pure=True, pack=4)
+    else:  # the same, float16
+        return tl.inline_asm_elementwise(PTX, "=r,=r,r" + ",r" * 16, [codes, T0 + Z, T1 + Z, T2 + Z, T3 + Z],
+                                         dtype=tl.float16, is_pure=True, pack=4)
 
 
 @triton.jit

@@ -391,10 +391,13 @@ def iq4_xs_half_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: t
     dl = iq4_xs_scales(P0, P1, P2, j, rows, mask, N).to(DT)
     # in nibble-group order (registry.py): sub-block s is still columns 32s..32s+31
     b = field(P3, j, rows, mask, N, 128, tl.uint8)
+    z = row_zero(rows)[:, None, None]
     if DT == tl.bfloat16:
-        q = lookup16_nibbles(b, TABLE, KVALUES_BF16_PTX, KVALUES_BF16_HIGH_PTX, tl.bfloat16)
+        q = lookup16_nibbles(b, TABLE, KVALUES_BF16_PTX, KVALUES_BF16_HIGH_PTX, tl.bfloat16, z,
+                             KL0, KL1, KL2, KL3, KH0, KH1, KH2, KH3)
     else:
-        q = lookup16_nibbles(b, TABLE, KVALUES_F16_PTX, KVALUES_F16_HIGH_PTX, tl.float16)
+        q = lookup16_nibbles(b, TABLE, KVALUES_F16_PTX, KVALUES_F16_HIGH_PTX, tl.float16, z,
+                             KW0, KW1, KW2, KW3)
     return per_group(dl, q)
 
 

@@ -743,13 +743,14 @@ def test_bfloat16_byte_pair_ptx_makes_each_value_times_its_scale():
 
 @pytest.mark.parametrize("table", ["IQ4_NL kvalues", "E2M1 doubled"])
 def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
-    """fields.lookup16's inline PTX, float32 and float16 (what a GPU runs; the interpreter reads
-    the table from memory instead), run by tests/ptx_emulator.py for all 16**4 words of 4
-    codes: each output is the table's value as float32 (or float16), bit for bit (+0.0 for
+    """fields.lookup16's inline PTX, float32, and lookup16_half's, float16 and bfloat16 (what a
+    GPU runs; the interpreter reads the table from memory instead), run by
+    tests/ptx_emulator.py for all 16**4 words of 4 codes: each output is the table's value as
+    float32 (or float16, bfloat16), bit for bit (+0.0 for
     E2M1's code 8, as gguf-py's table)."""
     from ptx_emulator import run
 
-    from gguf_repack_kernels.fields import lookup16_ptx
+    from gguf_repack_kernels.fields import lookup16_bf16_words, lookup16_ptx, lookup16_words
 
     values = (list(gguf.quants.IQ4_NL.kvalues) if table.startswith("IQ4")
               else list(gguf.quants.MXFP4.kvalues))
@@ -765,14 +766,20 @@ def test_lookup16_ptx_gives_the_table_for_every_code_in_every_byte(table):
         for k in range(4):
             got = regs[f"${k}"]
             assert np.array_equal(got, expected[c[k]].view(np.uint32)), (table, high, k)
-        # the float16 variant: codes 0, 1 in $0 and 2, 3 in $1, the first of each in the low half
-        regs = run(lookup16_ptx(values, f16=True, high=high), {"$2": word})
+        # the float16 variant: codes 0, 1 in $0 and 2, 3 in $1, the first of each in the low
+        # half; its table words are operands, 4 registers each (lookup16_half's pack), the
+        # first of each read
+        words = {f"${3 + 4 * i}": np.full(word.shape, w & 0xFFFFFFFF, np.uint32)
+                 for i, w in enumerate(lookup16_words(values))}
+        regs = run(lookup16_ptx(values, f16=True, high=high), {"$2": word, **words})
         halves = np.array(values, np.float16).view(np.uint16).astype(np.uint32)
         for k in range(2):
             assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), \
                 (table, high, k)
         # the bfloat16 variant alike (its tables the values' bfloat16 bits, low and high bytes)
-        regs = run(lookup16_ptx(values, bf16=True, high=high), {"$2": word})
+        words = {f"${3 + 4 * i}": np.full(word.shape, w & 0xFFFFFFFF, np.uint32)
+                 for i, w in enumerate(lookup16_bf16_words(values))}
+        regs = run(lookup16_ptx(values, bf16=True, high=high), {"$2": word, **words})
         halves = torch.tensor(values).bfloat16().view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
         for k in range(2):
             assert np.array_equal(regs[f"${k}"], halves[c[2 * k]] | halves[c[2 * k + 1]] << 16), \

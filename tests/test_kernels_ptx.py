@@ -233,9 +233,11 @@ GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q8_0
 # "Scales in words"): 13% more instructions a step in Q5_0's BM = 64 tile (0.96 -> 0.85), 7%
 # in Q5_1's (1.0 -> 0.94), 3% in Q5_K's (0.87 -> 0.85), for no memory latency waited on in
 # the step (2-8 before), which the issue count does not see. Q2_K's, its weight tile behind
-# gemm.kwidth_fence (configs.KWIDTH_FENCE): 0.26 -> 0.31
+# gemm.kwidth_fence (configs.KWIDTH_FENCE): 0.26 -> 0.31. IQ4_XS's nibble groups, their table
+# words as registers (fields.lookup16_half; in the instruction stream ptxas copied one into a
+# vector register for each lookup, BENCHMARKS.md "IQ4_XS's table in registers"): 0.52 -> 0.56
 GEMM_M64_FLOORS = {"MXFP4": 0.65, "NVFP4": 0.8, "Q4_K": 0.75, "Q5_K": 0.8, "Q5_0": 0.8, "Q5_1": 0.9,
-                   "IQ4_NL": 0.65, "Q2_K": 0.3}
+                   "IQ4_NL": 0.65, "Q2_K": 0.3, "IQ4_XS": 0.55}
 
 
 def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
@@ -260,11 +262,12 @@ BF16_TILE_FLOORS = {
                  "IQ4_NL": 0.7, "IQ4_XS": 0.65, "IQ1_S": 0.2, "TQ2_0": 0.55, "IQ1_M": 0.22},
     # (the 64-row tiles of Q2_K, Q3_K, IQ1_S, IQ1_M, TQ2_0 and the grid types take the float32 function,
     # IQ4_XS's its nibble groups: wide_f16; IQ4's kvalues looked up as bfloat16 bits,
-    # fields.lookup16_bf16: IQ4_NL 0.60 / 0.52 -> 0.73 / 0.65, IQ4_XS 0.55 / 0.31 -> 0.68 / 0.47)
+    # fields.lookup16_bf16: IQ4_NL 0.60 / 0.52 -> 0.73 / 0.65, IQ4_XS 0.55 / 0.31 -> 0.68 / 0.47;
+    # IQ4_XS's nibble groups' table words as registers, fields.lookup16_half: 0.47 -> 0.54)
     "gemm": {"Q4_0": 0.9, "Q4_1": 0.9, "Q5_0": 0.8, "Q5_1": 0.88, "Q4_K": 0.75, "Q5_K": 0.8,
              "Q6_K": 0.95, "Q2_K": 0.25, "Q3_K": 0.29, "MXFP4": 0.62, "NVFP4": 0.75,
              "IQ2_XXS": 0.12, "IQ2_XS": 0.13, "IQ2_S": 0.15, "IQ3_XXS": 0.18, "IQ3_S": 0.2,
-             "IQ4_NL": 0.62, "IQ4_XS": 0.45, "IQ1_S": 0.09, "TQ2_0": 0.25, "IQ1_M": 0.1}}
+             "IQ4_NL": 0.62, "IQ4_XS": 0.53, "IQ1_S": 0.09, "TQ2_0": 0.25, "IQ1_M": 0.1}}
 
 
 @pytest.fixture(scope="module")
@@ -335,6 +338,34 @@ def test_the_pipelined_gemv_loads_the_next_iteration_ahead(tmp_path):
     assert staged["LDG"] == 0 and staged["LDGSTS"] == default["LDG"], staged
     assert default["loop"] < staged["loop"] <= 1.15 * default["loop"], (default, staged)
     assert staged["spills"] == 0 and staged["shared_memory"] <= 16 * 1024, staged
+
+
+def test_half_precision_lookups_take_their_table_words_as_the_ptx_reads_them():
+    """fields.lookup16_half passes its table words after 4 codes packed in a register, and
+    Triton gives each 32-bit operand 4 registers there; lookup16_ptx reads the first of
+    each ($3, $7, ...: tests/test_kernels.py runs that PTX). In IQ4_XS's BM = 64 tile, as
+    compiled for sm_90, every lookup's table registers are the table's words, in order."""
+    code = """
+import re
+import gguf
+from gguf_repack_kernels import aot
+from gguf_repack_kernels.fields import lookup16_bf16_words, lookup16_words
+kvalues = gguf.quants.IQ4_NL.kvalues
+for act, words in (("fp16", lookup16_words(kvalues)), ("bf16", lookup16_bf16_words(kvalues))):
+    ptx = aot.compile_family("gemm", "IQ4_XS", 90, act)[0].asm["ptx"]
+    made = {r: int(v) & 0xFFFFFFFF for r, v in re.findall(r"add\\.s32\\s+(%r\\d+), %r\\d+, (-?\\d+);", ptx)}
+    for lookup in re.findall(r"\\{ \\.reg \\.b32 s, t, lo, hi, m, r, a0.*?\\}", ptx):
+        table = re.findall(r"mov\\.b32 ([ab])(\\d), (%r\\d+);", lookup)
+        print(act, [made.get(r) == words[int(i) + 4 * (ab == "b")] & 0xFFFFFFFF for ab, i, r in table])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True,
+                         text=True, timeout=600).stdout.splitlines()
+    assert len([line for line in out if line.startswith("fp16")]) == 32
+    assert len([line for line in out if line.startswith("bf16")]) == 32
+    for line in out:
+        act, checks = line.split(" ", 1)
+        assert checks == str([True] * (4 if act == "fp16" else 8)), line
 
 
 @pytest.mark.slow
