@@ -477,6 +477,36 @@ def row_load(ptr, mask, other):
     return tl.sum(tl.load(ptr[:, None], mask=mask[:, None], other=other), axis=1)
 
 
+# A gather from a small table the L1 holds (the grid types' rows), in a form Triton's
+# pipeliner leaves alone: it turns a tl.load whose value feeds a tl.dot into an asynchronous
+# copy to shared memory, a read back and both addresses, gathers too (IQ3_XXS's BM = 16 tile,
+# sm_90: 48 LDGSTS and 60 LDS a K step, against 32 LDG this way). The table is read only:
+# ld.global.nc, through the read-only path.
+GATHER_WORD_PTX = tl.constexpr("ld.global.nc.b32 $0, [$1];")
+GATHER_WORD_PAIR_PTX = tl.constexpr("ld.global.nc.v2.b32 {$0, $1}, [$2];")
+
+
+@triton.jit
+def gather_words(ptr):
+    """The int32 word at each of `ptr` (int32 pointers), loaded in the K step itself (above)."""
+    if INTERPRETED:
+        return tl.load(ptr)
+    else:
+        return tl.inline_asm_elementwise(GATHER_WORD_PTX, "=r,l", [ptr], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def gather_word_pairs(ptr):
+    """The two int32 words at each of `ptr` (int32 pointers, 8-byte aligned), [..., 2], in one
+    load a pair, as gather_words."""
+    if INTERPRETED:
+        return tl.join(tl.load(ptr), tl.load(ptr + 1))
+    else:
+        w0, w1 = tl.inline_asm_elementwise(GATHER_WORD_PAIR_PTX, "=r,=r,l", [ptr],
+                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+        return tl.join(w0, w1)
+
+
 @triton.jit
 def scale_f16(P, j, rows, mask, N):
     """A float16 scale field as float32 [len(rows)] (the GEMV's 1-D form of field_f16)."""

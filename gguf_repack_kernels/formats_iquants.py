@@ -43,6 +43,8 @@ from .fields import (
     fragment_order_32,
     fragment_order_256,
     fragment_order_runs8,
+    gather_word_pairs,
+    gather_words,
     lookup16,
     lookup16_bf16,
     lookup16_bf16_words,
@@ -644,16 +646,29 @@ def sign_words(signs):
 
 
 @triton.jit
-def grid_words(TABLE, idx, WORDS: tl.constexpr, AT: tl.constexpr):
+def grid_words(TABLE, idx, WORDS: tl.constexpr, AT: tl.constexpr, IN_STEP: tl.constexpr = False):
     """Grid row numbers [R, n] -> int32 [R, 8n / (4 WORDS), 2]: the rows of a grid of 4 WORDS
-    bytes a row (the dequant's part, at word AT), gathered whole, as the words of each run of
-    8 weights."""
+    bytes a row (the dequant's part, at word AT, even), gathered whole, as the words of each
+    run of 8 weights. IN_STEP: gathered in the K step itself (fields.gather_words,
+    gather_word_pairs), not copied ahead through shared memory by Triton's pipeliner: fewer
+    instructions and registers a step for IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (sm_90, BM = 16 and
+    32: 4-7% fewer; IQ3_XXS's swapped BM = 32 tile 254 -> 168 registers), more for IQ2_XXS
+    (3-4%) and IQ2_XS's BM = 16 tile (32%), and IQ2_S's spilled (BENCHMARKS.md "The grid
+    rows gathered in the K step")."""
     table = TABLE.to(tl.pointer_type(tl.int32)) + AT
     if WORDS == 2:
-        return tl.load(table + idx[:, :, None] * 2 + tl.arange(0, 2)[None, None, :])
+        ptr = table + idx * 2
+        if IN_STEP:
+            return gather_word_pairs(ptr)
+        else:
+            return tl.load(ptr[:, :, None] + tl.arange(0, 2)[None, None, :])
     else:  # two rows a run: gathered as [R, run, row] (a [R, rows, 1] gather reshaped sent
         # the IQ3_XXS tile's weights through shared memory)
-        return tl.load(table + tl.reshape(idx, (idx.shape[0], idx.shape[1] // 2, 2)))
+        ptr = table + tl.reshape(idx, (idx.shape[0], idx.shape[1] // 2, 2))
+        if IN_STEP:
+            return gather_words(ptr)
+        else:
+            return tl.load(ptr)
 
 
 @triton.jit
@@ -769,8 +784,8 @@ def iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     idx = bitfields(field_run(P1, j, rows, mask, N, 24, 0, 16, tl.uint32), 8, 4, 0xFF)
     aux = field_run(P1, j, rows, mask, N, 24, 16, 8, tl.uint32)
     db = (d * (0.5 + (aux >> 28).to(tl.float32)) * 0.5).to(DT)
-    return signed_grid8_f16(grid_words(TABLE, idx, 1, KSIGNS), ksigns_byte(bitfields(aux, 7, 4, 0x7F)),
-                            db, row_zero(rows)[:, None], DT)
+    words = grid_words(TABLE, idx, 1, KSIGNS, IN_STEP=True)
+    return signed_grid8_f16(words, ksigns_byte(bitfields(aux, 7, 4, 0x7F)), db, row_zero(rows)[:, None], DT)
 
 
 @register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot,
@@ -797,7 +812,8 @@ def iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     signs = bitfields(field(P3, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF)
     scale = bitfields(field(P4, j, rows, mask, N, 1, tl.uint32), 4, 8, 0x0F)
     db = (d * (1 + 2 * scale).to(tl.float32)).to(DT)
-    return signed_grid8_f16(grid_words(TABLE, idx, 1, 0), signs, db, row_zero(rows)[:, None], DT)
+    words = grid_words(TABLE, idx, 1, 0, IN_STEP=True)
+    return signed_grid8_f16(words, signs, db, row_zero(rows)[:, None], DT)
 
 
 @register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot,
@@ -874,7 +890,8 @@ def iq1_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     dl = d * (2 * ((qh >> 12) & 0x07) + 1).to(tl.float32)
     delta = tl.where((qh & 0x8000) != 0, -0.125, 0.125)
     idx = bitfields(field(P1, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | (bitfields(qh, 3, 4, 0x07) << 8)
-    words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (32 weights, run c, word a)]
+    # [R, (32 weights, run c, word a)]
+    words = tl.reshape(grid_words(TABLE, idx, 2, 0, IN_STEP=True), (R, 64))
     return shifted_grid8_half(words, delta, dl, row_zero(rows)[:, None], DT)
 
 
@@ -913,7 +930,7 @@ def iq1_m_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     dl = iq1_m_scales(P2, j, rows, mask, N)  # [R, 16]
     nib = bitfields(field(P1, j, rows, mask, N, 4, tl.uint32), 4, 8, 0x0F)  # [R, 32]: a row each
     idx = bitfields(field(P0, j, rows, mask, N, 8, tl.uint32), 8, 4, 0xFF) | ((nib & 0x07) << 8)
-    words = tl.reshape(grid_words(TABLE, idx, 2, 0), (R, 64))  # [R, (row, word a)]
+    words = tl.reshape(grid_words(TABLE, idx, 2, 0, IN_STEP=True), (R, 64))  # [R, (row, word a)]
     delta = tl.where((nib & 0x08) != 0, -0.125, 0.125)  # [R, 32]
     return shifted_grid8_half(words, delta, dl, row_zero(rows)[:, None], DT)
 
