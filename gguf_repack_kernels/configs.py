@@ -286,8 +286,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (1, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
-        (64, 'gemm_bm64'),
-        (256, 'gemm_bm128'),
+        (256, 'gemm_bm64'),
         (None, 'dequantize+matmul'),
     ),
     'Q4_1': (
@@ -303,7 +302,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (256, 'gemm_bm128'),
+        (384, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q5_0': (
@@ -327,7 +326,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
-        (256, 'gemm_bm128'),
+        (384, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'Q6_K': (
@@ -335,6 +334,8 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
+        (128, 'gemm_bm128'),
+        (192, 'gemm_bm64'),
         (384, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
@@ -506,6 +507,22 @@ def half_dequant_allowed(type_name: str) -> bool:
 # it is swapped, unfenced: SWAP_AB_BM32_ONLY.)
 KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"]),
                 64: frozenset(["Q2_K"])}
+
+
+# The tiles whose K loop is promised non-empty, so that ptxas keeps their wgmmas in flight
+# together (gemm.py, MMA_PIPELINED): every tile but these, which spill in their K loop with
+# the promise (their A operands, the dequantized weights, then all live at once; sm_90 SASS,
+# Triton 3.9, fp16 x: Q4_K's BM = 64 tile 44 bytes, IQ4_XS's 18; at BM = 128, which the rule
+# does not launch, Q4_K's 88, Q6_K's 56, Q3_K's 16 where it spilled 12), and keep one wgmma
+# at a time
+SERIAL_MMA = {64: frozenset(["Q4_K", "IQ4_XS"]), 128: frozenset(["Q3_K", "Q4_K", "Q6_K"])}
+
+
+def mma_pipelined(type_name: str, bm: int) -> bool:
+    """Whether the BM-row tile promises the compiler a non-empty K loop (gemm.py): the tiles on
+    wgmmas (BM >= 32), but SERIAL_MMA's. The BM = 16 tiles' mma.sync gains nothing by it, and
+    two of them spilled (IQ1_S's in its K loop)."""
+    return bm >= 32 and type_name not in SERIAL_MMA.get(bm, ())
 
 
 def kwidth_fence(type_name: str, bm: int, dtype) -> bool:

@@ -187,11 +187,13 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     its columns, XRUN, for its BM-row tile and x of `dtype`: the type's half-precision
     function where it takes x's dtype (registry.py; from BM = 64 on its wide_f16 where it has
     that; below, where the installed Triton may take it:
-    configs.half_dequant_allowed), else the float32 one; and FENCE, whether the tile
-    fences its weight tile (configs.kwidth_fence)."""
+    configs.half_dequant_allowed), else the float32 one; FENCE, whether the tile fences its
+    weight tile (configs.kwidth_fence); and MMA_PIPELINED, whether it promises a non-empty K
+    loop (configs.mma_pipelined)."""
     act = configs.act_name(dtype)
-    fence = {"FENCE": configs.kwidth_fence(fmt.name, bm, act)}
-    float32 = {"DQ": fmt.dequant, "DQ_DT": tl.float32, "XRUN": 0, **fence}
+    flags = {"FENCE": configs.kwidth_fence(fmt.name, bm, act),
+             "MMA_PIPELINED": configs.mma_pipelined(fmt.name, bm)}
+    float32 = {"DQ": fmt.dequant, "DQ_DT": tl.float32, "XRUN": 0, **flags}
     half = fmt.half_dequant(act)
     if half is None:
         return float32
@@ -199,11 +201,11 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
         function, run = fmt.wide_f16
         if function is fmt.dequant:
             return float32
-        return {"DQ": function, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": run, **fence}
+        return {"DQ": function, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": run, **flags}
     if not configs.half_dequant_allowed(fmt.name):
         return float32
     return {"DQ": half, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": fmt.f16_nibble_run,
-            **fence}
+            **flags}
 
 
 def matmul_path(type_name: str, m: int) -> str:
@@ -222,6 +224,8 @@ def matmul(x: torch.Tensor, planes: dict[str, torch.Tensor], type_name: str, sha
     fmt = _format(type_name)
     n, k = shape
     b = k // fmt.block_size
+    if b == 0:  # K = 0: a sum of nothing; the tiles' K loops are promised a step (gemm.py)
+        return x.new_zeros(*x.shape[:-1], n)
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
     if m == 0:  # engines do send empty batches; no kernel is launched for them
@@ -367,9 +371,9 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
     fmt = _format(type_name)
     n_experts, n, k = shape
     t, top = expert_ids.shape
-    x2 = x.reshape(-1, k).contiguous()
-    if t * top == 0:
+    if t * top == 0 or k == 0:  # nothing routed, or K = 0 (see matmul)
         return x.new_zeros(t, top, n)
+    x2 = x.reshape(-1, k).contiguous()
     ids = expert_ids.to(x.device)
     path = expert_path(type_name, t, top, n_experts)
     with _launch_device(x.device):

@@ -18,7 +18,16 @@ With SPLIT_K > 1, program (., ., s) takes block columns s, s + SPLIT_K, ... and 
 partial sums atomically into a float32 workspace, the tile's last program writing the total
 in x's dtype (split_k.py): at small M there are too few tiles to give every SM two programs,
 and only two or more programs on an SM let one's MMA run while another dequantizes
-(configs.gemm_config)."""
+(configs.gemm_config).
+
+MMA_PIPELINED (configs.mma_pipelined) promises the compiler that the K loop runs at least once
+(B >= SPLIT_K * STEP_BLOCKS, which dispatch.py ensures: it launches nothing for K = 0).
+Without the promise, the path that skips the loop gives the accumulator its zeros after the
+loop, and ptxas serializes every wgmma of the kernel for it: "(C7515) Potential Performance
+Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining
+accumulator registers of a wgmma between start and end of the pipeline stage" (ptxas -v).
+Serialized, each wgmma waits for the one before it (a WARPGROUP.DEPBAR before each HGMMA in
+the SASS: 16 a K step in Q4_K's swapped BM = 32 tile, 2 with the promise)."""
 
 import triton
 import triton.language as tl
@@ -97,7 +106,8 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
                 BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
                 XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
-                DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False):
+                DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False,
+                MMA_PIPELINED: tl.constexpr = False):
     # SUMS (float32, OUT's strides) and COUNTS [tiles] int32, zeroed: the split-K workspace
     # (split_k.py), which the tiles' last programs leave zeroed again (dispatch.py keeps it)
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -116,7 +126,10 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
     # at a program id). A step of it takes STEP_BLOCKS consecutive block columns
     # (configs.gemm_step_blocks), program (., ., s) the steps s, s + SPLIT_K, ...;
     # SPLIT_K * STEP_BLOCKS divides B (configs.gemm_config)
-    for i in range(0, B // (SPLIT_K * STEP_BLOCKS)):
+    steps = B // (SPLIT_K * STEP_BLOCKS)
+    if MMA_PIPELINED:
+        tl.assume(steps > 0)
+    for i in range(0, steps):
         for b in tl.static_range(STEP_BLOCKS):
             j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
             w = dequant_tile(DQ, DQ_DT, P0, P1, P2, P3, P4, TABLE, j, wrows, every, N)  # [BN, BLOCK]

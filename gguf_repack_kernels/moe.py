@@ -107,7 +107,8 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
                     SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
-                    DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False):
+                    DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False,
+                    MMA_PIPELINED: tl.constexpr = False):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert, E for the
@@ -116,14 +117,19 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     e = tl.load(TILE_EXPERT + tl.program_id(0)).to(tl.int64)
     if e < 0:  # past the last tile: the grid is sized from the shapes alone
         return
-    steps = tl.where(e < E, B // STEP_BLOCKS, 0)
-    e = tl.where(e < E, e, 0)
     slots = tl.program_id(0) * BM + tl.arange(0, BM)
     x_rows = tl.load(X_ROWS + slots)
     out_rows = tl.load(OUT_ROWS + slots)
     live = x_rows >= 0
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
+    out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
+    if e >= E:  # another rank's experts: their rows are zeros here, no weight read
+        tl.store(out, tl.zeros((BM, BN), OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
+        return
+    steps = B // STEP_BLOCKS
+    if MMA_PIPELINED:  # the K loop runs at least once (gemm.py)
+        tl.assume(steps > 0)
     cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
     # padding slots read x's row 0 and rows past N row N - 1 (never stored): loads without a
     # mask, as gemm.py's
@@ -141,5 +147,4 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
             w = dequant_tile(DQ, DQ_DT, p0, p1, p2, p3, p4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xrows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
             acc = tile_product(acc, x, w, IEEE, SWAP, FENCE)
-    out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
     tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])

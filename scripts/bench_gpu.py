@@ -10,7 +10,8 @@ For each type and shape (N, K) and batch M, timed side by side with CUDA events 
 that reads GGUF's own blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS; M <= 8), fp16
 torch.matmul with the dense weight, and dequantize-then-matmul; where the fused tile runs
 and the blocks are under 128 weights, that tile with one block a K step as well (the tile
-before configs.gemm_step_blocks: what the longer K step gains, measured on the device). A
+before configs.gemm_step_blocks: what the longer K step gains, measured on the device); at
+M = 128 and 256 the fused tile the rule names there, past configs.FUSED_MAX_M. A
 device-to-device copy measured in the same run gives the bandwidth baseline. Reported: GB/s
 of weight bytes and its fraction of copy bandwidth for M <= 8, TFLOP/s above, and the
 ratios. Each timing cycles through copies of its weight that together are three times the
@@ -27,6 +28,7 @@ copy bandwidth (issue #31's MoE measure), and what each product launches.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -44,6 +46,22 @@ GEMV_M = 8
 # the M at which the product with bfloat16 x is timed too (the BM = 16 and 32 tiles), for the
 # types with bfloat16 dequant functions
 BF16_BATCHES = (16, 32)
+# the M past configs.FUSED_MAX_M at which the fused tile MATMUL_RULE names there (the cap
+# lifted) is timed too: the cap came from an H200 run whose swapped tiles had every wgmma
+# serialized by ptxas (gemm.py, MMA_PIPELINED); whether it still holds is this column's to say.
+# (Triton 3.6 still waits for each wgmma of the 256-weight blocks' tiles: its own fences)
+FUSED_PAST_CAP = (128, 256)
+
+
+@contextlib.contextmanager
+def fused_cap_lifted():
+    """configs.FUSED_MAX_M out of the way: the rule's fused tile at any M."""
+    cap = kernels.configs.FUSED_MAX_M
+    kernels.configs.FUSED_MAX_M = 1 << 30
+    try:
+        yield
+    finally:
+        kernels.configs.FUSED_MAX_M = cap
 
 
 def parse() -> argparse.Namespace:
@@ -191,6 +209,10 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
             # a block column a step, side by side with the default
             t["one-block steps"] = timer(lambda: kernels.matmul(x, next(planes), name, (n, k),
                                                                 tile={"STEP_BLOCKS": 1}))
+        if m in FUSED_PAST_CAP:
+            with fused_cap_lifted():
+                if kernels.dispatch.matmul_path(name, m) == "gemm":
+                    t["fused past the cap"] = timer(lambda: kernels.matmul(x, next(planes), name, (n, k)))
         if m in BF16_BATCHES and kernels.FORMATS[name].half_dequant("bf16") is not None:
             # bfloat16 x (vLLM's default), the tiles' bfloat16 dequant functions (registry.py)
             xb = x.bfloat16()
@@ -278,8 +300,9 @@ def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
              "call replayed from a CUDA graph; eager: back-to-back calls, Python and launch "
              "included", "",
              "| type | N x K | M | rp1 | GB/s (of copy) or TFLOP/s | vs fp16 matmul | vs raw layout "
-             "| dequant+matmul | rp1, one block a K step | rp1, bf16 x | rp1 eager | fp16 eager |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| dequant+matmul | rp1, one block a K step | rp1, bf16 x | fused tile past FUSED_MAX_M "
+             "| rp1 eager | fp16 eager |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         perf = (f"{r['GB/s']:.0f} GB/s ({100 * r['copy_fraction']:.0f}%)" if "GB/s" in r
                 else f"{r['TFLOP/s']:.1f} TFLOP/s")
@@ -287,9 +310,11 @@ def markdown(rows: list[dict], copy_bw: float, device_name: str) -> str:
         one_block = (f"{r['seconds']['one-block steps'] * 1e6:.1f} us"
                      if "one-block steps" in r["seconds"] else "-")
         bf16 = f"{r['seconds']['rp1 bf16 x'] * 1e6:.1f} us" if "rp1 bf16 x" in r["seconds"] else "-"
+        fused = (f"{r['seconds']['fused past the cap'] * 1e6:.1f} us"
+                 if "fused past the cap" in r["seconds"] else "-")
         lines.append(f"| {r['type']} | {r['N']} x {r['K']} | {r['M']} | "
                      f"{r['seconds']['rp1'] * 1e6:.1f} us | {perf} | {r['vs_fp16']:.2f}x | {raw} | "
-                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | {one_block} | {bf16} | "
+                     f"{r['seconds']['dequant+matmul'] * 1e6:.1f} us | {one_block} | {bf16} | {fused} | "
                      f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | "
                      f"{r['seconds']['fp16 eager'] * 1e6:.1f} us |")
     broken = [r for r in rows if r.get("rp1_kernels_us")]
@@ -306,7 +331,7 @@ def main(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     if args.smoke:
         device, runs = torch.device("cpu"), 1
-        plan = [(t, 64, 2 * TYPES_BY_NAME[t].block_size, [1, 16])
+        plan = [(t, 64, 2 * TYPES_BY_NAME[t].block_size, [1, 16, 128])
                 for t in (args.types.split(",") if args.types else sorted(kernels.FORMATS))]
         copy_bytes, device_name = 1 << 20, "CPU (Triton interpreter, smoke test)"
     else:

@@ -11,18 +11,20 @@ import numpy as np
 import pytest
 import torch
 
+import gguf_repack_kernels as kernels
+
 pytestmark = pytest.mark.slow  # the scripts end to end
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_smoke(tmp_path):
+def test_gpu_check_smoke(tmp_path, monkeypatch):
     """The prepared GPU check (scripts/gpu_check.py) end to end on CPU: its four parts run and
     report, the kernels of one type pass (every type's kernels are tests/test_kernels.py's;
     expert products included: a GEMV a pair and one-expert tiles), the small llama's and the
     small Qwen3-MoE's greedy tokens match; the CUDA-graph part's steps (without a graph on
     CPU) for Q4_K. Its bench part is scripts/bench_gpu.py's smoke run, checked here: every
     type's row timed, the raw-layout baseline beside it, bfloat16 x at the tiles' M, the
-    expert products' rows."""
+    expert products' rows, the fused tile past configs.FUSED_MAX_M."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--smoke", "--types",
                     "Q4_K", "--out", str(tmp_path)], check=True, capture_output=True,
                    timeout=900)
@@ -41,6 +43,11 @@ def test_gpu_check_smoke(tmp_path):
     # bfloat16 x beside it at the tiles' M (both types have bfloat16 dequant functions)
     assert {(r["type"], r["M"]) for r in bench["rows"] if "rp1 bf16 x" in r["seconds"]} == {
         ("Q4_0", 16), ("Q4_K", 16)}
+    # past configs.FUSED_MAX_M, the fused tile the rule names there beside dequantize+matmul
+    monkeypatch.setattr(kernels.configs, "FUSED_MAX_M", 1 << 30)
+    fused = {("Q4_0", 128), ("Q4_K", 128)}
+    assert {(r["type"], r["M"]) for r in bench["rows"] if "fused past the cap" in r["seconds"]} == {
+        (t, m) for t, m in fused if kernels.dispatch.matmul_path(t, m) == "gemm"} == fused
     # the expert products' rows (#31's MoE measure: touched experts' bytes against the copy)
     assert [(r["type"], r["tokens"], r["path"]) for r in bench["expert_rows"]] == [
         ("Q4_0", 1, "gemv"), ("Q4_K", 1, "gemv")]

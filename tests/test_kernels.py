@@ -326,6 +326,21 @@ def test_matmul_of_an_empty_batch(name, rng):
         assert got.shape == (*x.shape[:-1], n) and got.dtype == x.dtype
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+def test_products_over_no_columns_are_zeros(name, rng):
+    """K = 0: a sum of nothing, dense and by expert, with no kernel launched (the tiles' K loops
+    are promised at least one step: gemm.py's MMA_PIPELINED)."""
+    n = 5
+    _, planes = make_planes(name, (n, 0), rng)
+    for x in (torch.empty(3, 0), torch.empty(2, 4, 0, dtype=torch.float16)):
+        got = kernels.matmul(x, planes, name, (n, 0))
+        assert got.shape == (*x.shape[:-1], n) and got.dtype == x.dtype and not got.any()
+    _, experts = make_planes(name, (2, n, 0), rng)
+    ids = torch.tensor([[0, 1], [1, -1], [0, 0]])
+    got = kernels.expert_matmul(torch.empty(3, 0, dtype=torch.float16), ids, experts, name, (2, n, 0))
+    assert got.shape == (3, 2, n) and got.dtype == torch.float16 and not got.any()
+
+
 @pytest.mark.parametrize("name", [n for n in KERNEL_TYPES if len(kernels.FORMATS[n].dot_parts) > 1])
 def test_decode_gemv_gives_the_same_product_in_every_partition(name, rng, monkeypatch):
     """A block in 1, 2, 4 ... calls of the type's dot function (configs.GEMV_PARTS), and more

@@ -344,6 +344,32 @@ def test_the_pipelined_gemv_loads_the_next_iteration_ahead(tmp_path):
     assert staged["spills"] == 0 and staged["shared_memory"] <= 16 * 1024, staged
 
 
+def test_wgmma_tiles_keep_their_mmas_in_flight_together(ptx_rows, bf16_tile_rows, tmp_path):
+    """The swapped tiles multiply on wgmmas whose A operand is the dequantized weight tile.
+    ptxas serialized every one of them (a WARPGROUP.DEPBAR before each HGMMA: "(C7515)
+    Potential Performance Loss", ptxas -v) while the K loop could be skipped (gemm.py,
+    MMA_PIPELINED). Every tile on a wgmma waits at most a few times a K step, but those that
+    keep one wgmma at a time so as not to spill (configs.SERIAL_MMA): sm_90, the BM = 64
+    tiles of every type with float16 and bfloat16 x, and the BM = 32 and expert tiles of
+    three types."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "wgmma.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "inspect_kernels.py"), "--sass", "--arch", "90",
+                    "--no-raw", "--families", "gemm_m32,moe_m32,moe_m64", "--types", "Q4_K,Q8_0,MXFP4",
+                    "--jobs", "2", "--json", str(out)], check=True, env=env, capture_output=True, timeout=900)
+    rows = json.loads(out.read_text()) + [r for r in ptx_rows + bf16_tile_rows
+                                          if r["family"] == "gemm" and r["arch"] == 90]
+    on_wgmma = [r for r in rows if "HGMMA" in r["loop_opcodes"]]
+    assert len(on_wgmma) >= 30
+    assert {r["family"] for r in on_wgmma} == {"gemm", "gemm_m32", "moe_m32", "moe_m64"}
+    for r in on_wgmma:
+        serial = r["type"] in kernels.configs.SERIAL_MMA.get(r["config"]["BM"], ())
+        if serial:
+            assert r["mma_waits"] == r["loop_opcodes"]["HGMMA"], r
+        else:
+            assert r["mma_waits"] <= 4, (r["type"], r["family"], r["act"], r["mma_waits"])
+
+
 def test_half_precision_lookups_take_their_table_words_as_the_ptx_reads_them():
     """fields.lookup16_half passes its table words after 4 codes packed in a register, and
     Triton gives each 32-bit operand 4 registers there; lookup16_ptx reads the first of
