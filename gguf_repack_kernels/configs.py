@@ -509,20 +509,23 @@ KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"]),
                 64: frozenset(["Q2_K"])}
 
 
-# The tiles whose K loop is promised non-empty, so that ptxas keeps their wgmmas in flight
-# together (gemm.py, MMA_PIPELINED): every tile but these, which spill in their K loop with
-# the promise (their A operands, the dequantized weights, then all live at once; sm_90 SASS,
-# Triton 3.9, fp16 x: Q4_K's BM = 64 tile 44 bytes, IQ4_XS's 18; at BM = 128, which the rule
-# does not launch, Q4_K's 88, Q6_K's 56, Q3_K's 16 where it spilled 12), and keep one wgmma
-# at a time
-SERIAL_MMA = {64: frozenset(["Q4_K", "IQ4_XS"]), 128: frozenset(["Q3_K", "Q4_K", "Q6_K"])}
+# The swapped tiles (swap_ab: the dequantized weights the wgmmas' A operand, in registers)
+# promise the compiler a non-empty K loop, so that ptxas keeps their wgmmas in flight together
+# (gemm.py, MMA_PIPELINED), but these. At BM = 64 and 128 the ones that spill with the promise,
+# their A operands then all live at once (sm_90 SASS, Triton 3.9, fp16 x: Q4_K's BM = 64 tile
+# 44 bytes in its K loop, IQ4_XS's 18; at BM = 128, which the rule does not launch, Q4_K's 88,
+# Q6_K's 56, Q3_K's 16 where it spilled 12): they keep one wgmma at a time. At BM = 32 two
+# whose wgmmas ptxas did not serialize without it, and which issue more with it (IQ4_XS 754 ->
+# 789 instructions a step with bfloat16 x, IQ1_M 841 -> 871). The plain tiles (both operands
+# from shared memory) gain nothing by it: ptxas serialized none of theirs.
+NO_STEP_PROMISE = {32: frozenset(["IQ4_XS", "IQ1_M"]), 64: frozenset(["Q4_K", "IQ4_XS"]),
+                   128: frozenset(["Q3_K", "Q4_K", "Q6_K"])}
 
 
-def mma_pipelined(type_name: str, bm: int) -> bool:
-    """Whether the BM-row tile promises the compiler a non-empty K loop (gemm.py): the tiles on
-    wgmmas (BM >= 32), but SERIAL_MMA's. The BM = 16 tiles' mma.sync gains nothing by it, and
-    two of them spilled (IQ1_S's in its K loop)."""
-    return bm >= 32 and type_name not in SERIAL_MMA.get(bm, ())
+def mma_pipelined(type_name: str, bm: int, dtype) -> bool:
+    """Whether the BM-row tile for x of `dtype` promises the compiler a non-empty K loop
+    (gemm.py): the swapped tiles, but NO_STEP_PROMISE's."""
+    return swap_ab(type_name, bm, dtype) and type_name not in NO_STEP_PROMISE.get(bm, ())
 
 
 def kwidth_fence(type_name: str, bm: int, dtype) -> bool:

@@ -192,7 +192,7 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     loop (configs.mma_pipelined)."""
     act = configs.act_name(dtype)
     flags = {"FENCE": configs.kwidth_fence(fmt.name, bm, act),
-             "MMA_PIPELINED": configs.mma_pipelined(fmt.name, bm)}
+             "MMA_PIPELINED": configs.mma_pipelined(fmt.name, bm, act)}
     float32 = {"DQ": fmt.dequant, "DQ_DT": tl.float32, "XRUN": 0, **flags}
     half = fmt.half_dequant(act)
     if half is None:

@@ -124,12 +124,15 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = rows < N
     out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
-    if e >= E:  # another rank's experts: their rows are zeros here, no weight read
-        tl.store(out, tl.zeros((BM, BN), OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
-        return
-    steps = B // STEP_BLOCKS
-    if MMA_PIPELINED:  # the K loop runs at least once (gemm.py)
+    if MMA_PIPELINED:  # the K loop promised a step (gemm.py)
+        if e >= E:  # another rank's experts: their rows are zeros here, no weight read
+            tl.store(out, tl.zeros((BM, BN), OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
+            return
+        steps = B // STEP_BLOCKS
         tl.assume(steps > 0)
+    else:  # another rank's experts: no step, zeros
+        steps = tl.where(e < E, B // STEP_BLOCKS, 0)
+        e = tl.where(e < E, e, 0)
     cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
     # padding slots read x's row 0 and rows past N row N - 1 (never stored): loads without a
     # mask, as gemm.py's
