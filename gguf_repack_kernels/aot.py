@@ -277,6 +277,18 @@ def main_loop(sass: str) -> list[tuple[int, str]]:
     return [(a, op) for a, op, _ in instrs if span[0] <= a <= span[1]]
 
 
+def loop_mma_drains(sass: str) -> int:
+    """Waits in the main loop until no wgmma of the warpgroup is in flight
+    (`WARPGROUP.DEPBAR.LE gsb0, 0x0`): one before each HGMMA where ptxas serialized them
+    (gemm.py, MMA_PIPELINED). A wait with a count above 0 (Triton 3.6 waits after each wgmma
+    until at most 7 are pending: `wgmma.wait_group 15`, which ptxas clamps) leaves the others
+    in flight."""
+    loop = {address for address, _ in main_loop(sass)}
+    return sum(1 for m in _SASS_INSTR.finditer(sass)
+               if int(m.group(1), 16) in loop and m.group(2) == "WARPGROUP.DEPBAR.LE"
+               and re.fullmatch(r"\s*gsb0\s*,\s*0x0\s*", m.group(3)))
+
+
 def loop_spills(rows: list[dict]) -> list[str]:
     """The kernels of the rp1 layout among `rows` (scripts/inspect_kernels.py --sass rows) that
     spill registers inside their main loop: an LDL or STL there, a trip to local memory every
@@ -284,6 +296,21 @@ def loop_spills(rows: list[dict]) -> list[str]:
     activation dtype and tile."""
     return [f"{r['type']} {r['family']} sm_{r['arch']} {r['act']} {r.get('config', '')}" for r in rows
             if not r["family"].startswith("gemv (raw") and {"LDL", "STL"} & set(r["loop_opcodes"])]
+
+
+# Waits for every wgmma in flight a K step of a tile that promises its K loop a step
+# (configs.mma_pipelined): the promised tiles drain 0-4 times a step, serialized ones once an HGMMA
+PROMISED_MMA_DRAINS = 4
+
+
+def serialized_mmas(rows: list[dict]) -> list[str]:
+    """The tiles among `rows` (scripts/inspect_kernels.py --sass rows) that promise their K
+    loop a step and still wait for every wgmma in flight more than PROMISED_MMA_DRAINS times a
+    step: ptxas serialized their wgmmas (the promise kept it from doing so where it was
+    measured, with that Triton). Named as loop_spills names them."""
+    return [f"{r['type']} {r['family']} sm_{r['arch']} {r['act']} {r.get('config', '')}" for r in rows
+            if "HGMMA" in r["loop_opcodes"] and r["mma_drains"] > PROMISED_MMA_DRAINS
+            and configs.mma_pipelined(r["type"], r["config"]["BM"], r["act"])]
 
 
 # Dense fp16/bf16 tensor-core rate of an H100/H200 SM: 989 TFLOP/s over 132 SMs at 1.83 GHz.
@@ -350,6 +377,8 @@ def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
         # waits of the warpgroup on its wgmmas in the loop: one before each HGMMA where ptxas
         # serialized them (gemm.py, MMA_PIPELINED), a few a step where they are in flight together
         "mma_waits": sum(1 for _, op in loop if op.startswith("WARPGROUP.DEPBAR")),
+        # of those, the ones that wait for every wgmma in flight (loop_mma_drains)
+        "mma_drains": loop_mma_drains(sass),
         "weight_bytes_per_iteration": bytes_per_iteration,
         "warp_instructions_per_byte": round(per_byte, 4),
         "bandwidth_bound": round(min(1.0, BUDGET / per_byte), 3),

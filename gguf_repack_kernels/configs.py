@@ -511,21 +511,33 @@ KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"]),
 
 # The swapped tiles (swap_ab: the dequantized weights the wgmmas' A operand, in registers)
 # promise the compiler a non-empty K loop, so that ptxas keeps their wgmmas in flight together
-# (gemm.py, MMA_PIPELINED), but these. At BM = 64 and 128 the ones that spill with the promise,
-# their A operands then all live at once (sm_90 SASS, Triton 3.9, fp16 x: Q4_K's BM = 64 tile
-# 44 bytes in its K loop, IQ4_XS's 18; at BM = 128, which the rule does not launch, Q4_K's 88,
-# Q6_K's 56, Q3_K's 16 where it spilled 12): they keep one wgmma at a time. At BM = 32 two
-# whose wgmmas ptxas did not serialize without it, and which issue more with it (IQ4_XS 754 ->
-# 789 instructions a step with bfloat16 x, IQ1_M 841 -> 871). The plain tiles (both operands
-# from shared memory) gain nothing by it: ptxas serialized none of theirs.
-NO_STEP_PROMISE = {32: frozenset(["IQ4_XS", "IQ1_M"]), 64: frozenset(["Q4_K", "IQ4_XS"]),
-                   128: frozenset(["Q3_K", "Q4_K", "Q6_K"])}
+# (gemm.py, MMA_PIPELINED), but these, from the Triton named ({BM: {type: (major, minor)}};
+# sm_90 SASS, fp16 x, BENCHMARKS.md "Which wgmmas wait for each other, by Triton version"):
+# - at BM = 64 and 128 the ones that spill in their K loop with the promise, their A operands
+#   then all live at once: they keep one wgmma at a time. Triton 3.9: Q4_K's BM = 64 tile 44
+#   bytes, IQ4_XS's 18; at BM = 128 (past FUSED_MAX_M: bench_gpu.py's "fused past the cap")
+#   Q4_K's 88, Q6_K's 56. Triton 3.6 spills in none of these but Q4_K's BM = 128 tile, whose
+#   promise it pays in the loop (21 loads); 3.7 and 3.8 spill in Q4_K's BM = 64 tile (4 and
+#   18 bytes) but not in IQ4_XS's.
+# - Q3_K's BM = 128 tile, whose wgmmas ptxas keeps in flight without it (3.6 and 3.9; with it
+#   Triton 3.9 spills 16 bytes where it spilled 12, outside the loop).
+# - at BM = 32, from Triton 3.7 on, two whose wgmmas ptxas does not serialize without it, and
+#   which issue more with it (3.9: IQ4_XS 754 -> 789 instructions a step with bfloat16 x,
+#   IQ1_M 841 -> 871). Triton 3.6 serializes IQ4_XS's (its float32 dequant function there:
+#   HALF_DEQUANT_FROM_TRITON), 1570 -> 1584 with the promise, and not IQ1_M's.
+# The plain tiles (both operands from shared memory) gain nothing by it: ptxas serialized none
+# of theirs.
+NO_STEP_PROMISE = {32: {"IQ4_XS": (3, 7), "IQ1_M": (0, 0)},
+                   64: {"Q4_K": (3, 7), "IQ4_XS": (3, 9)},
+                   128: {"Q3_K": (0, 0), "Q4_K": (0, 0), "Q6_K": (3, 7)}}
 
 
 def mma_pipelined(type_name: str, bm: int, dtype) -> bool:
     """Whether the BM-row tile for x of `dtype` promises the compiler a non-empty K loop
-    (gemm.py): the swapped tiles, but NO_STEP_PROMISE's."""
-    return swap_ab(type_name, bm, dtype) and type_name not in NO_STEP_PROMISE.get(bm, ())
+    (gemm.py): the swapped tiles, but NO_STEP_PROMISE's with this Triton."""
+    unpromised = NO_STEP_PROMISE.get(bm, {})
+    return swap_ab(type_name, bm, dtype) and not (type_name in unpromised
+                                                  and on_this_triton(unpromised, type_name))
 
 
 def kwidth_fence(type_name: str, bm: int, dtype) -> bool:

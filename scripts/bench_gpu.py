@@ -49,7 +49,7 @@ BF16_BATCHES = (16, 32)
 # the M past configs.FUSED_MAX_M at which the fused tile MATMUL_RULE names there (the cap
 # lifted) is timed too: the cap came from an H200 run whose swapped tiles had every wgmma
 # serialized by ptxas (gemm.py, MMA_PIPELINED); whether it still holds is this column's to say.
-# (Triton 3.6 still waits for each wgmma of the 256-weight blocks' tiles: its own fences)
+# (Q4_K's BM = 128 tile still has them serialized, with every Triton: configs.NO_STEP_PROMISE)
 FUSED_PAST_CAP = (128, 256)
 
 

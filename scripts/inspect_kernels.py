@@ -62,6 +62,7 @@ from gguf_repack_kernels.aot import (  # noqa: E402
     ptx_summary,
     resources,
     sass_summary,
+    serialized_mmas,
 )
 from gguf_repack_kernels.configs import shared_memory_estimate  # noqa: E402
 
@@ -166,9 +167,13 @@ def main() -> None:
     ap.add_argument("--fail-on-loop-spills", action="store_true",
                     help="with --sass: exit 1 if a kernel of this layout spills registers in its main "
                          "loop (LDL / STL there; .ci/run's check of the Triton the GPU machine has)")
+    ap.add_argument("--fail-on-serialized-mma", action="store_true",
+                    help="with --sass: exit 1 if a tile that promises its K loop a step "
+                         "(configs.mma_pipelined) still has its wgmmas serialized (aot.serialized_mmas)")
     args = ap.parse_args()
-    if args.fail_on_loop_spills and not args.sass:
-        ap.error("--fail-on-loop-spills reads the SASS: add --sass")
+    for flag in ("fail_on_loop_spills", "fail_on_serialized_mma"):
+        if getattr(args, flag) and not args.sass:
+            ap.error(f"--{flag.replace('_', '-')} reads the SASS: add --sass")
     if args.batch_sweep:
         return batch_sweep(args.types.split(","), args.jobs, args.json, args.act)
     archs = [int(a) for a in args.arch.split(",")]
@@ -248,6 +253,10 @@ def main() -> None:
         spilling = loop_spills(rows)
         if spilling:
             sys.exit("error: registers spilled in the main loop of: " + "; ".join(spilling))
+    if args.fail_on_serialized_mma:
+        serialized = serialized_mmas(rows)
+        if serialized:
+            sys.exit("error: wgmmas serialized in the promised K loop of: " + "; ".join(serialized))
 
 
 SWEEP_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 2048)

@@ -83,6 +83,38 @@ def test_a_spill_in_a_main_loop_is_found():
     assert loop_spills(rows) == ["Q4_K gemm_m16 sm_90 fp16 {'BM': 16}", "Q4_K gemm_m32 sm_90 fp16 {'BM': 16}"]
 
 
+def test_waits_for_every_wgmma_in_flight_are_told_from_waits_that_leave_some():
+    """aot.loop_mma_drains counts the main loop's `WARPGROUP.DEPBAR.LE gsb0, 0x0` only:
+    Triton 3.6 waits after each wgmma until at most 7 are pending (0x7), which leaves them in
+    flight together; a wait before the loop is not counted. aot.serialized_mmas, which .ci/run's
+    Triton 3.6 phase fails on (--fail-on-serialized-mma), names a promised tile
+    (configs.mma_pipelined) that drains at every HGMMA, not an unpromised one."""
+    from gguf_repack_kernels.aot import loop_mma_drains, serialized_mmas
+
+    def sass(wait):
+        def line(address, text):
+            return f"        /*{address:04x}*/                   {text} ;\n"
+
+        body = "".join(line(0x100 + 0x20 * i, "WARPGROUP.ARRIVE")
+                       + line(0x110 + 0x20 * i, "HGMMA.64x32x16.F32 R24, R60, gdesc[UR16], R24, gsb0")
+                       for i in range(4))
+        body += "".join(line(0x190 + 0x10 * i, f"WARPGROUP.DEPBAR.LE gsb0, {wait}") for i in range(4))
+        return (line(0x80, "WARPGROUP.DEPBAR.LE gsb0, 0x0") + body + line(0x1d0, "BRA 0x100")
+                + line(0x1e0, "EXIT"))
+
+    assert loop_mma_drains(sass("0x0")) == 4
+    assert loop_mma_drains(sass("0x7")) == 0 and loop_mma_drains(sass("0x1")) == 0
+
+    def row(type_name, bm, drains):
+        return {"type": type_name, "family": "gemm", "arch": 90, "act": "fp16", "config": {"BM": bm},
+                "loop_opcodes": {"HGMMA": 16}, "mma_drains": drains}
+
+    assert kernels.configs.mma_pipelined("Q8_0", 64, "fp16")
+    assert not kernels.configs.mma_pipelined("Q4_K", 128, "fp16")
+    assert serialized_mmas([row("Q8_0", 64, 16), row("Q8_0", 64, 3), row("Q4_K", 128, 16)]) == [
+        "Q8_0 gemm sm_90 fp16 {'BM': 64}"]
+
+
 def test_gemm_uses_tensor_cores(ptx_rows):
     for r in ptx_rows:
         if r["family"] == "gemm":
