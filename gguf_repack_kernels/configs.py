@@ -516,9 +516,9 @@ KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"]),
 # - at BM = 64 and 128 the ones that spill in their K loop with the promise, their A operands
 #   then all live at once: they keep one wgmma at a time. Triton 3.9: Q4_K's BM = 64 tile 44
 #   bytes, IQ4_XS's 18; at BM = 128 (past FUSED_MAX_M: bench_gpu.py's "fused past the cap")
-#   Q4_K's 88, Q6_K's 56. Triton 3.6 spills in none of these but Q4_K's BM = 128 tile, whose
-#   promise it pays in the loop (21 loads); 3.7 and 3.8 spill in Q4_K's BM = 64 tile (4 and
-#   18 bytes) but not in IQ4_XS's.
+#   Q4_K's 88, Q6_K's 56. Triton 3.6 spills in the loop of Q4_K's BM = 128 tile only (58
+#   bytes, 21 loads a step); 3.7 and 3.8 in Q4_K's BM = 64 tile (4 and 18 bytes), not in
+#   IQ4_XS's.
 # - Q3_K's BM = 128 tile, whose wgmmas ptxas keeps in flight without it (3.6 and 3.9; with it
 #   Triton 3.9 spills 16 bytes where it spilled 12, outside the loop).
 # - at BM = 32, from Triton 3.7 on, two whose wgmmas ptxas does not serialize without it, and

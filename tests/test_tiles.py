@@ -122,8 +122,8 @@ def test_the_tiles_promise_their_k_loop_a_step_where_that_keeps_wgmmas_in_flight
     for each other, by Triton version"): Triton 3.6 serializes the wgmmas of IQ4_XS's swapped
     tiles, Q4_K's BM = 64 one and Q6_K's BM = 128 one without the promise, and spills in none
     of their K loops with it, so it promises them; 3.9 spills in the BM = 64 and 128 ones with
-    it, and keeps IQ4_XS's BM = 32 one in flight without it. Q4_K's BM = 128 tile spills with
-    either; the plain tiles (fp32 x, BM = 16) are never promised."""
+    it, and keeps IQ4_XS's BM = 32 one in flight without it. Q4_K's BM = 128 tile spills in its
+    loop with the promise under both; the plain tiles (fp32 x, BM = 16) are never promised."""
     changed = [("IQ4_XS", 32), ("IQ4_XS", 64), ("Q4_K", 64), ("Q6_K", 128), ("Q4_K", 128), ("Q5_K", 64)]
     for version, expected in [((3, 6), [True, True, True, True, False, True]),
                               ((3, 8), [False, True, False, False, False, True]),
