@@ -374,10 +374,12 @@ def sass_summary(compiled, num_warps: int, bytes_per_iteration: int) -> dict:
         # global loads the loop waits on itself (LDG; the pipeliner's copies ahead are LDGSTS),
         # with their widths: one under 32 bits a thread is one the pipeliner would not take
         "loop_global_loads": dict(Counter(op for _, op in loop if op.startswith("LDG.")).most_common()),
-        # waits of the warpgroup on its wgmmas in the loop: one before each HGMMA where ptxas
-        # serialized them (gemm.py, MMA_PIPELINED), a few a step where they are in flight together
+        # waits of the warpgroup on its wgmmas in the loop, of any depth (Triton 3.6 waits after
+        # each wgmma until at most 7 are pending: 16 a step, not serialized)
         "mma_waits": sum(1 for _, op in loop if op.startswith("WARPGROUP.DEPBAR")),
-        # of those, the ones that wait for every wgmma in flight (loop_mma_drains)
+        # of those, the ones that wait for every wgmma in flight: one before each HGMMA where
+        # ptxas serialized them (gemm.py, MMA_PIPELINED), 0-3 a step where they are in flight
+        # together (loop_mma_drains)
         "mma_drains": loop_mma_drains(sass),
         "weight_bytes_per_iteration": bytes_per_iteration,
         "warp_instructions_per_byte": round(per_byte, 4),

@@ -26,8 +26,10 @@ Without the promise, the path that skips the loop gives the accumulator its zero
 loop, and ptxas serializes every wgmma of the kernel for it: "(C7515) Potential Performance
 Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining
 accumulator registers of a wgmma between start and end of the pipeline stage" (ptxas -v).
-Serialized, each wgmma waits for the one before it (a WARPGROUP.DEPBAR before each HGMMA in
-the SASS: 16 a K step in Q4_K's swapped BM = 32 tile, 2 with the promise)."""
+Serialized, each wgmma waits for the one before it (a `WARPGROUP.DEPBAR.LE gsb0, 0x0`, a wait
+for none in flight, before each HGMMA in the SASS: 16 a K step in Q4_K's swapped BM = 32 tile;
+with the promise none, two waits a step that leave one in flight; aot.loop_mma_drains).
+Which tiles get it depends on the Triton version (configs.NO_STEP_PROMISE)."""
 
 import triton
 import triton.language as tl
