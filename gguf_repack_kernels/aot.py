@@ -18,6 +18,7 @@ conversions issue at lower rates than FFMA), so it is an upper bound.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -31,7 +32,7 @@ from triton.compiler import ASTSource
 
 from . import configs
 from .dequantize import dequantize_kernel
-from .dispatch import gemm_dequant
+from .dispatch import expert_path, gemm_dequant
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
 from .gemv import gemv_dot_kernel
@@ -130,7 +131,8 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
             "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act), "STEP_BLOCKS": cfg["STEP_BLOCKS"]}, \
             cfg, cfg["BN"] * cfg["STEP_BLOCKS"]
     if family in ("moe_m16", "moe_m32", "moe_m64"):
-        cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act, k // block_size)
+        cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act, k // block_size,
+                                 bm=GEMM_M[family])
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
                "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "E": "i32", "OUT": f"*{act}",
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
@@ -548,6 +550,103 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
             row["speedup_serial"] = ref / t_serial[choice]
         rows.append(row)
     return rows
+
+
+# Expert stacks the expert products are estimated on ((E, top, N, K), by name): Qwen3-30B-A3B's
+# (128 experts, 8 a token; gate and up as one 1536 x 2048 product, down 2048 x 768) and
+# DeepSeek-V3's (256, 8; 4096 x 7168 and 7168 x 2048)
+EXPERT_SHAPES = {"qwen3-30b-a3b gate_up": (128, 8, 1536, 2048),
+                 "qwen3-30b-a3b down": (128, 8, 2048, 768),
+                 "deepseek-v3 gate_up": (256, 8, 4096, 7168),
+                 "deepseek-v3 down": (256, 8, 7168, 2048)}
+# the batch sizes (tokens) they are estimated at: decode, up to vLLM's graph capture size
+EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# the tiles the expert products can take (moe.py): their BM
+EXPERT_BMS = (16, 32, 64)
+
+
+def tiles_by_expert(tokens: int, top: int, n_experts: int, bm: int) -> float:
+    """The BM-row tiles the expert sort makes (moe.py: ceil(rows / BM) an expert chosen), on
+    average over routings in which each token picks `top` distinct experts uniformly: an
+    expert's rows are Binomial(tokens, top / E)."""
+    p = min(1.0, top / n_experts)
+    if p >= 1.0:
+        return n_experts * -(-tokens // bm)
+    mean = tokens * p
+    top_x = min(tokens, int(mean + 12 * math.sqrt(mean * (1 - p)) + 2 * bm + 1))
+    log_p, log_q = math.log(p), math.log1p(-p)
+    expected = 0.0
+    for x in range(1, top_x + 1):
+        log_pmf = (math.lgamma(tokens + 1) - math.lgamma(x + 1) - math.lgamma(tokens - x + 1)
+                   + x * log_p + (tokens - x) * log_q)
+        expected += math.exp(log_pmf) * -(-x // bm)
+    return n_experts * expected
+
+
+def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_rows: dict[int, dict],
+                          stack: tuple[int, int, int, int], tokens=EXPERT_TOKENS,
+                          act: str = "fp16") -> list[dict]:
+    """Estimated time of the expert products of `tokens` tokens on an expert stack (E, top, N,
+    K) on an H200, by each path (dispatch.expert_path's), against the same products with fp16
+    weights and the ideal (the quantized weights of the experts chosen, read once), in the
+    dense model's terms (matmul_path_estimates), routing uniform (configs.routed_rows_per_expert):
+    - the GEMV a (token, slot) pair (`gemv_row`: the moe_gemv compile; its config at N x K):
+      pairs x the GEMV's issue at one row, and each pair's read of its expert's weight: the
+      pairs of one expert lie apart in the launch (token order), and L2 (50 MB) holds a few
+      experts of a stack (Qwen3-30B-A3B's 128 gate_up experts are 226 MB in Q4_K), so no read
+      is counted as a hit;
+    - the tiles at BM (`tile_rows` by BM: the moe_m16 / m32 / m64 compiles, sass_summary +
+      gemm_summary; moe_config's tile at that BM): tiles_by_expert x ceil(N / BN) programs of
+      K / (BLOCK STEP_BLOCKS) iterations, no split K; time = max(issue, tensor, the chosen
+      experts' weights once), or (serial) issue + tensor, the rule's model (as the dense one).
+    Each row: tokens, "rows_per_expert", "times_us" and "times_serial_us" by choice ("gemv",
+    "tiles_bm16", ...: configs.moe_choice's names), "best_serial", "dispatched"
+    (dispatch.expert_path's path) and its "tile" (the choice, with moe_config's BM), its
+    "speedup" over fp16 and "fraction_of_ideal"."""
+    n_experts, top, n, k = stack
+    block = FORMATS[type_name].block_size
+    n_blocks = k // block
+    expert_bytes = n * k // block * type_size
+    per_sm_peak = H200_FP16_PEAK / SMS
+    dev = configs.KNOWN_DEVICES[90]
+    c = configs.gemv_dot_config(type_name, 1, n, n_blocks, dev, act)
+    gemv_programs = -(-n // c["BN"]) * c["SPLIT_K"]
+    gemv_iterations = -(-n_blocks * c["PARTS"] // c["SPLIT_K"])
+    rows = []
+    for t in tokens:
+        pairs = t * top
+        chosen = configs.experts_chosen(t, top, n_experts)
+        r = pairs / chosen
+        memory = chosen * expert_bytes / H200_BANDWIDTH
+        flops = 2 * pairs * n * k
+        fp16 = max(chosen * 2 * n * k / H200_BANDWIDTH, flops / H200_FP16_PEAK)
+        ideal = max(memory, flops / H200_FP16_PEAK)
+        gemv = max(_issue_seconds(pairs * gemv_programs, gemv_iterations, gemv_row["loop_instructions"],
+                                  c["num_warps"]), pairs * expert_bytes / H200_BANDWIDTH)
+        times, serial = {"gemv": gemv}, {"gemv": gemv}
+        for bm, g in sorted(tile_rows.items()):
+            cfg = configs.moe_config(type_name, block, bm, dev, act, n_blocks, bm=bm)
+            programs = math.ceil(tiles_by_expert(t, top, n_experts, bm)) * -(-n // cfg["BN"])
+            iterations = -(-n_blocks // cfg["STEP_BLOCKS"])
+            issue = _issue_seconds(programs, iterations, g["loop_instructions"], cfg["num_warps"])
+            tensor = -(-programs // SMS) * iterations * g["mma_flops_per_iteration"] / (
+                per_sm_peak * g["mma_peak_fraction"])
+            times[f"tiles_bm{bm}"] = max(issue, tensor, memory)
+            serial[f"tiles_bm{bm}"] = max(issue + tensor, memory)
+        path = expert_path(type_name, t, top, n_experts)
+        choice = "gemv" if path == "gemv" else \
+            f"tiles_bm{configs.moe_config(type_name, block, r, dev, act, n_blocks)['BM']}"
+        row = {"type": type_name, "E": n_experts, "top": top, "N": n, "K": k, "tokens": t,
+               "rows_per_expert": r, "fp16_us": fp16 * 1e6, "ideal_us": ideal * 1e6,
+               "times_us": {ch: v * 1e6 for ch, v in times.items()},
+               "times_serial_us": {ch: v * 1e6 for ch, v in serial.items()},
+               "best_serial": min(serial, key=serial.get), "dispatched": path, "tile": choice}
+        if choice in times:
+            row["speedup"] = fp16 / times[choice]
+            row["fraction_of_ideal"] = ideal / times[choice]
+        rows.append(row)
+    return rows
+
 
 
 def shared_memory_of(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,

@@ -819,15 +819,54 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
     return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps, "STAGES": cfg.get("STAGES", 1)}
 
 
-# The expert products (moe.py) run as GEMVs, a program per (token, slot) pair, while experts
-# get at most this many rows on average: as the dense GEMV up to GEMV_MAX_M rows, each row
-# re-reads its expert's weights (from L2 when they repeat), where a tile would dequantize
-# them once for up to 16 rows at 0.46-1.0 of the bandwidth (its issue bound at sm_90,
-# BENCHMARKS.md); decode (a few tokens, k experts each) is this path. Not MATMUL_RULE's: the
-# dense estimate's GEMV re-reads one weight M times, this one reads a different expert's per
-# pair, and the expert tiles have no split K (BENCHMARKS.md "Paths by M"); 8, the default
-# rule's GEMV_MAX_M, until an estimate of its own.
-MOE_GEMV_MAX_ROWS = GEMV_MAX_M
+# The expert products (moe.py) take, by the rows the experts chosen get on average
+# (routed_rows_per_expert), a GEMV a (token, slot) pair or BM-row tiles of one expert each.
+# Each pair's GEMV reads its expert's weights again (the pairs of one expert lie apart in the
+# launch), where a tile reads them once for up to BM rows but issues a BM-row tile's
+# dequantization. Which one, and which BM, is the estimate's (aot.expert_path_estimates;
+# scripts/estimate_paths.py --experts --write-configs: MOE_RULE, (largest rows, choice)
+# pairs, one rule by type fitted to Qwen3-30B-A3B's and DeepSeek-V3's expert stacks at 1-512
+# tokens, BENCHMARKS.md "Expert products by rows an expert"); the types it has not covered
+# take MOE_DEFAULT_RULE. One token's experts (a row each) always take the GEMV: decode at
+# batch 1, as the dense rule keeps the GEMV at M = 1.
+MOE_DEFAULT_RULE = ((1.0, "gemv"), (16, "tiles_bm16"), (32, "tiles_bm32"), (None, "tiles_bm64"))
+
+# BEGIN estimate_paths --experts --write-configs
+MOE_RULE: dict[str, tuple] = {
+    'IQ1_M': ((1.568, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ1_S': ((4.07, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ2_S': ((1.568, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ2_XS': ((1.568, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ2_XXS': ((1.568, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ3_S': ((1.568, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ3_XXS': ((1.568, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ4_NL': ((1.255, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ4_XS': ((1.255, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'MXFP4': ((1.255, 'gemv'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'NVFP4': ((1.255, 'gemv'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q2_K': ((2.302, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q3_K': ((2.302, 'gemv'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q4_0': ((1.255, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q4_1': ((1.255, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q4_K': ((1.568, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q5_0': ((1.115, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q5_1': ((1.255, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q5_K': ((1.115, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q6_K': ((1.115, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q8_0': ((1.0, 'gemv'), (1.032, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'TQ1_0': ((2.302, 'gemv'), (8.002, 'tiles_bm16'), (16.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'TQ2_0': ((2.302, 'gemv'), (8.002, 'tiles_bm16'), (32.0, 'tiles_bm32'), (None, 'tiles_bm64')),
+}
+# END estimate_paths --experts --write-configs
+
+
+def moe_choice(type_name: str, rows_per_expert: float) -> str:
+    """"gemv" or "tiles_bm<BM>": how the expert products of `type_name` run when the experts
+    chosen get `rows_per_expert` rows on average (MOE_RULE, else MOE_DEFAULT_RULE)."""
+    if rows_per_expert <= 1.0:
+        return "gemv"
+    rule = MOE_RULE.get(type_name, MOE_DEFAULT_RULE)
+    return next(choice for top, choice in rule if top is None or rows_per_expert <= top)
 
 # The largest batch (in tokens) vLLM captures in CUDA graphs by default (its
 # max_capture_size, 512). Up to it the expert products read nothing of the routing on the
@@ -837,31 +876,41 @@ MOE_GEMV_MAX_ROWS = GEMV_MAX_M
 MOE_GRAPH_MAX_TOKENS = 512
 
 
-def routed_rows_per_expert(pairs: int, n_experts: int) -> float:
-    """The rows an expert that any pair chose gets on average, were the (token, slot) pairs
-    routed uniformly at random: pairs / E[experts chosen], E[chosen] = E (1 - (1 - 1/E)^pairs).
-    From the shapes alone (the real routing would need the host to read it): one batch size,
-    one path and tile, whatever the routing. Routing is seldom uniform; the estimate only
-    picks between tiles that are each right for every routing."""
-    if pairs == 0:
+def experts_chosen(tokens: int, top: int, n_experts: int) -> float:
+    """The experts that `tokens` tokens choose between them, `top` distinct ones each, on
+    average were each token's chosen uniformly at random: E (1 - (1 - top / E)^tokens)."""
+    if tokens == 0 or top == 0:
         return 0.0
-    chosen = n_experts * -math.expm1(pairs * math.log1p(-1 / n_experts)) if n_experts > 1 else 1.0
-    return pairs / max(chosen, 1.0)
+    if tokens == 1 or top >= n_experts:
+        return float(min(top, n_experts))
+    return n_experts * -math.expm1(tokens * math.log1p(-top / n_experts))
+
+
+def routed_rows_per_expert(tokens: int, top: int, n_experts: int) -> float:
+    """The rows an expert that any token chose gets on average: tokens x top / experts_chosen
+    (1 for one token). From the shapes alone (the real routing would need the host to read
+    it): one batch size, one path and tile, whatever the routing. Routing is seldom uniform;
+    the estimate only picks between tiles that are each right for every routing."""
+    chosen = experts_chosen(tokens, top, n_experts)
+    return tokens * top / chosen if chosen else 0.0
 
 
 def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: Device,
-               dtype, n_blocks: int | None = None) -> dict:
-    """The expert GEMM's tile (moe.py) on `device` for x of `dtype`, by the routed rows an
-    expert gets on average (from shapes alone: no data is read): at
-    decode (a few) the fused GEMM's M <= 16 tile, whose padding rows cost issue but no weight
-    bytes; for longer runs the BM = 32 / 64 tiles, up to dequantize_matmul_min_m rows an
-    expert, where prefill's long runs take each chosen expert dequantized, then torch.matmul
-    (dispatch.expert_matmul). No split K: the experts' tiles are the parallelism. The tile
+               dtype, n_blocks: int | None = None, bm: int | None = None) -> dict:
+    """The expert GEMM's tile (moe.py) on `device` for x of `dtype`: of BM `bm`, else the BM
+    moe_choice names at the routed rows an expert gets on average (from shapes alone: no data
+    is read; where it names the GEMV, BM by rows: 16 up to 16, 32 up to 32, else 64), up to
+    dequantize_matmul_min_m rows an expert, where prefill's long runs take each chosen expert
+    dequantized, then torch.matmul (dispatch.expert_matmul); a tile's padding rows cost issue
+    but no weight bytes. No split K: the experts' tiles are the parallelism. The tile
     is the dense GEMM's of the same BM, its K step too (`n_blocks`: the expert's block
     columns, None for a K step of GEMM_STEP_WEIGHTS), fitted to the device's shared memory
     alike (the expert kernel allocates what gemm_kernel does: measured). Not timed on a GPU
     yet."""
-    bm = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
+    if bm is None:
+        choice = moe_choice(type_name, rows_per_expert)
+        bm = int(choice[len("tiles_bm"):]) if choice.startswith("tiles_bm") else \
+            16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
     bn = gemm_bn(type_name, block_size, bm, dtype)
     step = gemm_step_blocks(block_size)
     if n_blocks is not None:

@@ -347,9 +347,10 @@ def expert_path(type_name: str, tokens: int, top: int, n_experts: int) -> str:
     `n_experts`, from these shapes alone (the same for every routing, as a CUDA graph needs):
     "gemv" (a GEMV a pair), "tiles" (BM-row tiles of one expert each) or, past the batch
     sizes engines capture in CUDA graphs, "dequantize+matmul". By the rows an expert gets on
-    average (configs.routed_rows_per_expert), as the dense matmul chooses by M."""
-    rows = configs.routed_rows_per_expert(tokens * top, n_experts)
-    if rows <= configs.MOE_GEMV_MAX_ROWS:
+    average (configs.routed_rows_per_expert), as the dense matmul chooses by M (the
+    estimate's rule: configs.moe_choice)."""
+    rows = configs.routed_rows_per_expert(tokens, top, n_experts)
+    if configs.moe_choice(type_name, rows) == "gemv":
         return "gemv"
     if tokens > configs.MOE_GRAPH_MAX_TOKENS and \
             rows >= configs.dequantize_matmul_min_m(_format(type_name).block_size):
@@ -391,7 +392,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
     pairs = t * top
     args = _plane_args(planes, fmt)
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
-    if path == "gemv":  # a few rows an expert: a GEMV a pair
+    if path == "gemv":  # about a row an expert: a GEMV a pair
         cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype))
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
         grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
@@ -403,7 +404,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
                               BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.reshape(t, top, n)
-    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(pairs, n_experts),
+    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(t, top, n_experts),
                              _device(x.device), x.dtype, b)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros

@@ -6,11 +6,12 @@ expert's planes at its offset, gathers its rows of x, dequantizes each weight ti
 the BM rows, and scatters its results to the pairs' output rows. Experts no token chose have
 no tile: their weights are never read.
 
-At decode most experts get a token or two, and a BM-row tile would be mostly padding, its
-dequantization's issue the bound (0.29-1.0 of the bandwidth by type, where the GEMV reaches
-0.76-1.0: BENCHMARKS.md): there each (token, slot) pair is a program of the GEMV (gemv.py's
-body, the type's dot function) on its expert's planes, `moe_gemv_kernel`. dispatch.py chooses
-by the rows an expert gets (dispatch.expert_path).
+At decode with few tokens the experts chosen get a row each, and a BM-row tile would be
+mostly padding, its dequantization's issue the bound: there each (token, slot) pair is a
+program of the GEMV (gemv.py's body, the type's dot function) on its expert's planes,
+`moe_gemv_kernel`. Each pair's GEMV reads its expert's weights again, so from a row or two an
+expert on the tiles read less; dispatch.py chooses by the rows an expert gets on average
+(dispatch.expert_path, configs.MOE_RULE: the estimate's rule).
 """
 
 import triton

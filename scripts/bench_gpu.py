@@ -241,10 +241,39 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
 # The expert products (gguf_repack_kernels.expert_matmul) of a stack shaped as Qwen3-30B-A3B's
 # gate (or up) projections: 128 experts of 768 x 2048, 8 a token; at decode (a GEMV a pair)
 # and past it (the tiles). Issue #31's measure: the bytes of the experts the tokens touched,
-# over the time, against the device's copy bandwidth.
+# over the time, against the device's copy bandwidth. Where the experts chosen get more than
+# a row each, the path configs.MOE_RULE does not take is timed too ("other path": the GEMV
+# for the tiles, the rule's first tile for the GEMV), so that a GPU says where the rule,
+# fitted to an estimate, should cross over.
 EXPERT_STACK = (128, 768, 2048)
 EXPERT_TOP = 8
 EXPERT_TOKENS = [1, 8, 64, 256]
+
+
+@contextlib.contextmanager
+def expert_choice(name: str, choice: str):
+    """configs.MOE_RULE's rule for `name` replaced by one choice at every rows an expert."""
+    rules = kernels.configs.MOE_RULE
+    saved = rules.get(name)
+    rules[name] = ((None, choice),)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del rules[name]
+        else:
+            rules[name] = saved
+
+
+def other_expert_choice(name: str, tokens: int, top: int, experts: int) -> str | None:
+    """The choice the rule does not take at this batch: the GEMV where it takes tiles, else its
+    first tile; none where the experts chosen get a row each (the GEMV whatever the rule)."""
+    if kernels.configs.routed_rows_per_expert(tokens, top, experts) <= 1.0:
+        return None
+    if kernels.dispatch.expert_path(name, tokens, top, experts) == "tiles":
+        return "gemv"
+    rule = kernels.configs.MOE_RULE.get(name, kernels.configs.MOE_DEFAULT_RULE)
+    return next(choice for _, choice in rule if choice != "gemv")
 
 
 def bench_experts(name, device, timer, copy_bw, rng, smoke: bool) -> list[dict]:
@@ -266,9 +295,14 @@ def bench_experts(name, device, timer, copy_bw, rng, smoke: bool) -> list[dict]:
         t = {"rp1": timer(lambda: kernels.expert_matmul(x, ids, next(stacks), name, shape)),
              "rp1 eager": timer.eager(lambda: kernels.expert_matmul(x, ids, next(stacks), name, shape))}
         breakdown = kernel_breakdown(lambda: kernels.expert_matmul(x, ids, next(stacks), name, shape), device)
+        other = other_expert_choice(name, tokens, top, experts)
+        if other is not None:
+            with expert_choice(name, other):
+                t["other path"] = timer(lambda: kernels.expert_matmul(x, ids, next(stacks), name, shape))
         row = {"type": name, "experts": shape, "top": top, "tokens": tokens,
-               "path": kernels.dispatch.expert_path(name, tokens, top, experts), "seconds": t,
-               "touched_bytes": touched, "GB/s": touched / t["rp1"] / 1e9,
+               "rows_per_expert": kernels.configs.routed_rows_per_expert(tokens, top, experts),
+               "path": kernels.dispatch.expert_path(name, tokens, top, experts), "other_path": other,
+               "seconds": t, "touched_bytes": touched, "GB/s": touched / t["rp1"] / 1e9,
                "copy_fraction": touched / t["rp1"] / copy_bw}
         if breakdown is not None:
             row["rp1_kernels_us"] = breakdown
@@ -283,15 +317,17 @@ def experts_markdown(rows: list[dict]) -> str:
              "distinct experts per token: the bytes of the experts touched over the time (graph "
              "replays), against the device's copy bandwidth", "",
              "| type | tokens | path | rp1 | touched MB | GB/s (of copy) | rp1 eager "
-             "| launches (device us) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| launches (device us) | other path (configs.MOE_RULE's not taken) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         kernels_us = r.get("rp1_kernels_us")
         launched = (", ".join(f"{k} {v}" for k, v in kernels_us.items()) if isinstance(kernels_us, dict)
                     else kernels_us or "-")
         lines.append(f"| {r['type']} | {r['tokens']} | {r['path']} | {r['seconds']['rp1'] * 1e6:.1f} us | "
                      f"{r['touched_bytes'] / 1e6:.1f} | {r['GB/s']:.0f} ({100 * r['copy_fraction']:.0f}%) | "
-                     f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | {launched} |")
+                     f"{r['seconds']['rp1 eager'] * 1e6:.1f} us | {launched} | "
+                     + (f"{r['other_path']} {r['seconds']['other path'] * 1e6:.1f} us |"
+                        if r.get("other_path") else "- |"))
     return "\n".join(lines)
 
 

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
             x = torch.randn(m, 4096).half()
             us = time_call(lambda: kernels.matmul(x, planes, name, (4096, 4096)), args.calls)
             print(f"| {name} | matmul, M = {m} ({kernels.dispatch.matmul_path(name, m)}) | {us:.1f} |")
-        for tokens in (4, 256):
+        for tokens in (1, 256):  # one token's experts: the GEMV a pair; then the tiles
             x = torch.randn(tokens, 4096).half()
             ids = torch.randint(0, 8, (tokens, 2), dtype=torch.int32)
             path = kernels.dispatch.expert_path(name, tokens, 2, 8)

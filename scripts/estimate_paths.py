@@ -14,12 +14,23 @@ bytes). The model is gguf_repack_kernels/aot.py: matmul_path_estimates. Estimate
 --write-configs writes the fastest choice at each M (estimated at the M above and on to
 4096) as gguf_repack_kernels/configs.py's MATMUL_RULE for the types estimated (the others keep theirs),
 the GEMV kept at M = 1. Run without TRITON_INTERPRET (it is removed here).
+
+--experts estimates the expert products instead (aot.expert_path_estimates: the expert GEMV,
+a program a (token, slot) pair, against the expert tiles of BM = 16, 32 and 64) on the expert
+stacks of aot.EXPERT_SHAPES (Qwen3-30B-A3B's, DeepSeek-V3's) at 1 to 512 tokens, by the rows
+the experts chosen get on average; with --write-configs, one rule a type from them
+(expert_rule) as configs.py's MOE_RULE. `--json` then holds the estimates, the rules and the
+compiles' measures.
+
+    python scripts/estimate_paths.py --experts [--types ...] [--jobs 2] [--json OUT.json] [--write-configs]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -31,9 +42,12 @@ os.environ.pop("TRITON_INTERPRET", None)
 from gguf_repack_kernels import FORMATS, configs  # noqa: E402
 from gguf_repack_kernels.aot import (  # noqa: E402
     CHOICES,
+    EXPERT_SHAPES,
+    EXPERT_TOKENS,
     PATH_MS,
     SHAPE,
     compile_family,
+    expert_path_estimates,
     gemm_summary,
     matmul_path_estimates,
     sass_summary,
@@ -44,10 +58,14 @@ TYPES = ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4")
 # the families the candidates launch, and the BM of the GEMM ones
 FAMILIES = {"gemv": None, "dequantize": None, "gemm_m16": 16, "gemm_m32": 32, "gemm": 64,
             "gemm_m128": 128}
+# the expert products' families (--experts), and the BM of the tiles
+EXPERT_FAMILIES = {"moe_gemv": None, "moe_m16": 16, "moe_m32": 32, "moe_m64": 64}
 # where the rule is estimated beyond the table's M: on to the prefill sizes
 RULE_MS = PATH_MS + (384, 512, 768, 1024, 2048, 4096)
 CONFIGS = Path(configs.__file__)
 BEGIN, END = "# BEGIN estimate_paths --write-configs\n", "# END estimate_paths --write-configs\n"
+EXPERTS_BEGIN = "# BEGIN estimate_paths --experts --write-configs\n"
+EXPERTS_END = "# END estimate_paths --experts --write-configs\n"
 
 
 def _compile(task: tuple[str, str, int | None, str]) -> tuple[str, str, dict]:
@@ -55,7 +73,7 @@ def _compile(task: tuple[str, str, int | None, str]) -> tuple[str, str, dict]:
     compiled, cfg, nbytes = compile_family(family, name, 90, act, m)
     row = {"config": cfg, **sass_summary(compiled, cfg["num_warps"], nbytes)}
     row.pop("loop_opcodes")
-    if FAMILIES[family]:
+    if FAMILIES.get(family) or EXPERT_FAMILIES.get(family):
         row.update(gemm_summary(compiled, cfg["num_warps"], cfg["BM"], cfg["BN"],
                                 FORMATS[name].block_size * cfg.get("STEP_BLOCKS", 1)))
     print(f"compiled {name} {family} sm_90 {act} {cfg}", file=sys.stderr)
@@ -178,6 +196,106 @@ def markdown(estimates: dict[str, list[dict]]) -> str:
     return "\n".join(out)
 
 
+
+def estimate_experts(types, jobs: int, act: str = "fp16") -> tuple[dict, dict]:
+    """({type: {stack name: aot.expert_path_estimates' rows at EXPERT_TOKENS}} for every stack
+    of aot.EXPERT_SHAPES, {type: {family: its compile's measures}}), from the expert families'
+    compiles (the expert GEMV and the three tiles)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    tasks = [(name, family, None, act) for name in types for family in EXPERT_FAMILIES]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            compiled = list(pool.map(_compile, tasks))
+    else:
+        compiled = [_compile(t) for t in tasks]
+    rows = {(name, family): row for name, family, row in compiled}
+    out = {}
+    for name in types:
+        type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
+        tiles = {bm: rows[name, family] for family, bm in EXPERT_FAMILIES.items() if bm}
+        out[name] = {stack: expert_path_estimates(name, type_size, rows[name, "moe_gemv"], tiles, shape,
+                                                  EXPERT_TOKENS, act)
+                     for stack, shape in EXPERT_SHAPES.items()}
+    return out, {name: {family: rows[name, family] for family in EXPERT_FAMILIES} for name in types}
+
+
+def expert_rule(by_stack: dict[str, list[dict]]) -> tuple:
+    """One rule for the expert products of a type, configs.MOE_RULE's (largest rows an expert,
+    choice) pairs: the GEMV up to some rows an expert (one at least), then the tiles of BM = 16,
+    32 and 64 in that order (any of them left out), the last open-ended; of all such rules the
+    one closest to the estimate's fastest choice at every estimated batch size and stack, by
+    the conservative model (a tile's issue and MMA time added): the least sum of log(time of
+    the rule's choice / the fastest's). Each stack's choices are close near one row an expert
+    (which stack prefers the GEMV there differs), so the fastest choice point by point would
+    alternate; the rule is monotone."""
+    points = [(e["rows_per_expert"], e["times_serial_us"]) for rows in by_stack.values() for e in rows]
+    tiles = sorted((c for c in points[0][1] if c.startswith("tiles_bm")),
+                   key=lambda c: int(c[len("tiles_bm"):]))
+    cuts = sorted({round(r, 3) for r, _ in points if r >= 1.0} | {1.0}) + [math.inf]
+    loss = [{c: math.log(t[c] / min(t.values())) for c in t} for _, t in points]
+
+    def cost(bounds):  # bounds: the largest rows of the GEMV and of each tile in order
+        total = 0.0
+        for (r, _), lost in zip(points, loss):
+            i = next(i for i, top in enumerate(bounds) if round(r, 3) <= top or r <= 1.0 and i == 0)
+            total += lost[(["gemv"] + tiles)[i]]
+        return total
+
+    best = None
+    # the GEMV's bound and each tile's but the last, in increasing order (the last: the rest)
+    for bounds in itertools.combinations_with_replacement(cuts[:-1], len(tiles)):
+        c = cost(bounds + (math.inf,))
+        if best is None or c < best[0] - 1e-12:
+            best = (c, bounds + (math.inf,))
+    rule, low = [], None
+    for top, choice in zip(best[1], ["gemv"] + tiles):
+        if low is not None and top <= low:
+            continue  # an empty run
+        rule.append((None if top == math.inf else top, choice))
+        low = top
+    return tuple(rule)
+
+
+def write_expert_configs(rules: dict[str, tuple]) -> None:
+    text = CONFIGS.read_text()
+    start, end = text.index(EXPERTS_BEGIN) + len(EXPERTS_BEGIN), text.index(EXPERTS_END)
+    merged = {**configs.MOE_RULE, **rules}
+    lines = ["MOE_RULE: dict[str, tuple] = {\n"]
+    for name in sorted(merged):
+        line = f"    {name!r}: {merged[name]!r},\n"
+        if len(line) > 110:  # the project's line length: a (largest rows, choice) pair a line
+            line = f"    {name!r}: (\n" + "".join(f"        {p!r},\n" for p in merged[name]) + "    ),\n"
+        lines.append(line)
+    lines.append("}\n")
+    CONFIGS.write_text(text[:start] + "".join(lines) + text[end:])
+
+
+def _short_expert(choice: str) -> str:
+    return choice.replace("tiles_bm", "bm")
+
+
+def expert_markdown(estimates: dict[str, dict[str, list[dict]]]) -> str:
+    """Per stack, a row a type: at each batch size, the rows an expert, the path dispatched
+    and its speedup over fp16 / fraction of the ideal; then the estimate's fastest choice by
+    the conservative model where it differs."""
+    out = []
+    for stack, (n_experts, top, n, k) in EXPERT_SHAPES.items():
+        first = next(iter(estimates.values()))[stack]
+        out += ["", f"{stack}: {n_experts} experts, {top} a token, N x K = {n} x {k}. Per batch size "
+                "(tokens): the path dispatched, speedup over fp16 / fraction of the ideal "
+                "(estimates from the sm_90 SASS, not GPU timings)", "",
+                "| type | " + " | ".join(f"{e['tokens']} ({e['rows_per_expert']:.1f} rows)"
+                                         for e in first) + " |",
+                "| --- |" + " --- |" * len(first)]
+        for name, by_stack in estimates.items():
+            out.append(f"| {name} | " + " | ".join(
+                f"{_short_expert(e['tile'])} {e['speedup']:.2f}/{e['fraction_of_ideal']:.2f}"
+                + ("" if e["best_serial"] == e["tile"] else f" ({_short_expert(e['best_serial'])})")
+                for e in by_stack[stack]) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,12 +303,27 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="compiles in parallel")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--write-configs", action="store_true",
-                    help="write the fastest choice by M as gguf_repack_kernels/configs.py's MATMUL_RULE")
+                    help="write the fastest choice by M as gguf_repack_kernels/configs.py's MATMUL_RULE "
+                         "(with --experts: MOE_RULE)")
+    ap.add_argument("--experts", action="store_true",
+                    help="the expert products instead, by batch size on aot.EXPERT_SHAPES' stacks")
     args = ap.parse_args()
     types = args.types.split(",")
     unknown = set(types) - set(FORMATS)
     if unknown:
         ap.error(f"no type {', '.join(sorted(unknown))}")
+    if args.experts:
+        experts, kernels = estimate_experts(types, args.jobs)
+        print(expert_markdown(experts))
+        expert_rules = {name: expert_rule(by_stack) for name, by_stack in experts.items()}
+        print("\nMOE_RULE:", expert_rules)
+        if args.json:
+            args.json.write_text(json.dumps({"estimates": experts, "rules": expert_rules,
+                                             "kernels": kernels}, indent=1))
+        if args.write_configs:
+            write_expert_configs(expert_rules)
+            print(f"\nwrote MOE_RULE for {', '.join(types)} into {CONFIGS}", file=sys.stderr)
+        return
     estimates = estimate(types, args.jobs, RULE_MS)
     table = {name: [e for e in rows if e["M"] in PATH_MS] for name, rows in estimates.items()}
     print(markdown(table))

@@ -111,6 +111,27 @@ def test_bench_hf_runs_on_smollm2(smollm2):
     assert "(same first token)" in proc.stdout
 
 
+
+def test_bench_gpu_times_the_expert_path_the_rule_does_not_take():
+    """bench_gpu.py's "other path" of the expert products, on Qwen3-30B-A3B's stack (128
+    experts, 8 a token): none for one token (a row an expert: the GEMV whatever the rule);
+    at 64 tokens (4 rows an expert, the tiles) the GEMV; where the rule keeps the GEMV past a
+    row (8 tokens, 1.2 rows, Q4_K) its first tile; the rule put back after."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "scripts" / "bench_gpu.py")
+    bench_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_gpu)
+    rule = kernels.configs.MOE_RULE["Q4_K"]
+    assert bench_gpu.other_expert_choice("Q4_K", 1, 8, 128) is None
+    assert kernels.dispatch.expert_path("Q4_K", 64, 8, 128) == "tiles"
+    assert bench_gpu.other_expert_choice("Q4_K", 64, 8, 128) == "gemv"
+    assert kernels.dispatch.expert_path("Q4_K", 8, 8, 128) == "gemv"
+    assert bench_gpu.other_expert_choice("Q4_K", 8, 8, 128) == next(c for _, c in rule if c != "gemv")
+    with bench_gpu.expert_choice("Q4_K", "gemv"):
+        assert kernels.dispatch.expert_path("Q4_K", 64, 8, 128) == "gemv"
+    assert kernels.configs.MOE_RULE["Q4_K"] == rule
+
 def test_bench_moe_runs_on_a_small_moe(smollm2):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_moe.py"), "--layers", "1",
                            "--experts", "4", "--prefill", "8", "--decode", "4"],
@@ -121,11 +142,11 @@ def test_bench_moe_runs_on_a_small_moe(smollm2):
 
 def test_bench_host_times_each_product_with_its_launches_stubbed():
     """scripts/bench_host.py: the dispatcher's own host time, a row for each product it
-    times (dense at M = 1 and 16, experts at 4 and 256 tokens), every path named."""
+    times (dense at M = 1 and 16, experts at 1 and 256 tokens), every path named."""
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_host.py"), "--types", "Q8_0",
                           "--calls", "3"], check=True, capture_output=True, text=True, timeout=300).stdout
     rows = [line for line in out.splitlines() if line.startswith("| Q8_0 |")]
     assert [r.split(" | ")[1] for r in rows] == [
-        "matmul, M = 1 (gemv)", "matmul, M = 16 (gemm)", "expert_matmul, 4 tokens x 2 of 8 experts (gemv)",
+        "matmul, M = 1 (gemv)", "matmul, M = 16 (gemm)", "expert_matmul, 1 tokens x 2 of 8 experts (gemv)",
         "expert_matmul, 256 tokens x 2 of 8 experts (tiles)"]
     assert all(float(r.split(" | ")[2].rstrip(" |")) > 0 for r in rows)

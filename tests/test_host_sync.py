@@ -152,7 +152,7 @@ EXPERT_CASES = [("Q4_K", 1), ("Q8_0", 4), ("Q4_K", 64), pytest.param("Q8_0", 256
 
 @pytest.mark.parametrize("name, tokens", EXPERT_CASES)
 def test_expert_products_never_sync_and_launch_alike_for_every_routing(name, tokens):
-    """At 1, 4, 64, 256 and 512 tokens (the GEMV a pair, tiles of 16 and 64 rows), x per
+    """At 1, 4, 64, 256 and 512 tokens (the GEMV a pair, then tiles by configs.MOE_RULE), x per
     token (gate, up) and per slot (down): no host sync; the same launches for two routings
     as different as can be; and each routing's products are the torch backend's (a graph
     captured with one routing is replayed with the other: buffers sized for any)."""
@@ -171,7 +171,7 @@ def test_expert_products_never_sync_and_launch_alike_for_every_routing(name, tok
             assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-2, (name, tokens)
     assert launches[0] == launches[2] and launches[1] == launches[3], (name, tokens)
     path = kernels.dispatch.expert_path(name, tokens, top, experts)
-    assert path == ("gemv" if tokens <= 4 else "tiles"), path
+    assert path == ("gemv" if tokens == 1 else "tiles"), path
 
 
 @pytest.mark.parametrize("m", [1, 4, 16, 64, 256])
@@ -203,13 +203,13 @@ def test_each_product_is_its_kernels_alone(monkeypatch):
     monkeypatch.setattr(kernels.dispatch, "_device", lambda device: kernels.configs.Device(0, 0, 132))
     w = stack("Q4_K", (40, 256 * 4))
     experts = stack("Q8_0", (4, 64, 64))
-    ids = torch.tensor([[0, -1], [2, 3]])
-    x1, x16, x2, x64 = (_x(m, k, 3).half() for m, k in ((1, 1024), (16, 1024), (2, 64), (64, 64)))
+    ids = torch.tensor([[0, -1]])  # one token's experts: the GEMV a pair (configs.moe_choice)
+    x1, x16, x1e, x64 = (_x(m, k, 3).half() for m, k in ((1, 1024), (16, 1024), (1, 64), (64, 64)))
     ids64 = torch.randint(0, 4, (64, 2), generator=torch.Generator().manual_seed(0))
     products = {
         "gemv": lambda: w.matmul(x1, backend="triton"),
         "gemm": lambda: w.matmul(x16, backend="triton"),
-        "expert gemv": lambda: experts.expert_matmul(x2, ids, backend="triton"),
+        "expert gemv": lambda: experts.expert_matmul(x1e, ids, backend="triton"),
         "expert tiles": lambda: experts.expert_matmul(x64, ids64, backend="triton")}
     for name, product in products.items():
         product()
@@ -232,7 +232,7 @@ def test_each_product_is_its_kernels_alone(monkeypatch):
                                                      ["_assert_async"])
 
 
-@pytest.mark.parametrize("tokens", [2, 64])  # the GEMV a pair (checked by x's preparation), tiles
+@pytest.mark.parametrize("tokens", [1, 64])  # the GEMV a pair (checked by x's preparation), tiles
 @pytest.mark.parametrize("bad, dtype", [(4, torch.int32), (-2, torch.int32), (4, torch.int64),
                                         (-2, torch.int64), (2 ** 32 + 1, torch.int64)])
 def test_an_expert_id_out_of_range_is_caught_on_the_device(tokens, bad, dtype):
@@ -240,6 +240,7 @@ def test_an_expert_id_out_of_range_is_caught_on_the_device(tokens, bad, dtype):
     torch backend checks on the host (it reads the ids there anyway). An int64 id is checked
     whole (2 ** 32 + 1 is not 1)."""
     w = stack("Q8_0", (4, 8, 32))
+    assert kernels.dispatch.expert_path("Q8_0", tokens, 1, 4) == ("gemv" if tokens == 1 else "tiles")
     ids = torch.zeros(tokens, 1, dtype=dtype)
     ids[-1, 0] = bad
     for backend in ("triton", "torch"):

@@ -204,7 +204,7 @@ def test_k_steps_of_several_blocks_give_the_product(name, rng, monkeypatch):
         got_h = kernels.matmul(xh, planes, name, (n, k))
         ref_h = xh.float() @ dense.T
         assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, split_k)
-    monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)  # the tiles
+    monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, "tiles_bm16"),))  # the tiles
     stacked = {f: torch.stack([p, p.flip(1)]) for f, p in planes.items()}  # expert 1: rows reversed
     by_expert = torch.stack([dense, dense.flip(0)])
     ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
@@ -286,7 +286,8 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
     ids = torch.tensor([[1, -1], [0, 1], [-1, 0]])
     x = (torch.from_numpy(rng.standard_normal((3, k)).astype(np.float32)) / dense.abs().max()).half()
     for path in ("gemv", "tiles"):  # the tiles' slots and experts, from the sort kernel
-        monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 8 if path == "gemv" else 0)
+        choice = "gemv" if path == "gemv" else "tiles_bm16"
+        monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, choice),))
         assert kernels.dispatch.expert_path(name, 3, 2, 2) == path
         got = kernels.expert_matmul(x, ids, stacked, name, (2, n, k))
         rows = gemv_x(name, x) if path == "gemv" else x.float()
@@ -1007,8 +1008,8 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
     expert dequantized, then torch.matmul) against plain PyTorch on the torch backend's
     weights: x per token (gate, up) and per slot (down), an expert no token chose, -1
     (another rank's expert) giving zeros; float32, float16 and bfloat16 x."""
-    if path in ("tiles", "dequantize"):
-        monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)
+    # the path by a rule that names it (configs.MOE_RULE): 1.7 rows an expert here
+    monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, "gemv" if path == "gemv" else "tiles_bm16"),))
     if path == "dequantize":  # the long-run threshold, down to these few rows and tokens
         monkeypatch.setattr(kernels.configs, "dequantize_matmul_min_m", lambda block_size: 1)
         monkeypatch.setattr(kernels.configs, "MOE_GRAPH_MAX_TOKENS", 0)
@@ -1056,11 +1057,10 @@ def test_expert_matmul_is_each_tokens_product_with_its_experts(name, path, rng, 
 @pytest.mark.parametrize("rows", [32, 64])
 def test_swapped_expert_tiles_give_the_products(name, rows, rng, monkeypatch):
     """The expert GEMM's BM = 32 and 64 tiles, which take the weight tile as the MMA's A
-    operand for float16 and bfloat16 x (configs.swap_ab), taken by making the rows an expert
-    gets on average that many: the products of plain PyTorch within float tolerance, an
+    operand for float16 and bfloat16 x (configs.swap_ab), taken by a rule that names them
+    (configs.MOE_RULE): the products of plain PyTorch within float tolerance, an
     expert no token chose and another rank's (-1) as in the test above."""
-    monkeypatch.setattr(kernels.configs, "MOE_GEMV_MAX_ROWS", 0)
-    monkeypatch.setattr(kernels.configs, "routed_rows_per_expert", lambda pairs, n_experts: float(rows))
+    monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, f"tiles_bm{rows}"),))
     qtype = TYPES_BY_NAME[name]
     experts, n, k = 4, 37, qtype.block_size
     qtype, planes = make_planes(name, (experts, n, k), rng)

@@ -48,7 +48,7 @@ def launched(name, device, act):
         cfg = configs.gemm_config(name, block, m, N, K // block, device, act, bm=m)
         yield "gemm", m, {k: v for k, v in cfg.items() if k != "SPLIT_K"}
         if m < 128:
-            yield "moe", m, configs.moe_config(name, block, m, device, act)
+            yield "moe", m, configs.moe_config(name, block, m, device, act, bm=m)
 
 
 @pytest.mark.parametrize("arch", sorted(configs.KNOWN_DEVICES))
@@ -87,7 +87,7 @@ def test_a_99_kb_gpu_gets_another_tile_for_float32_q4_k_than_an_h200_for_float16
     assert configs.shared_memory_estimate("Q4_K", 256, 64, 32, 2, 86, "fp32") == 103_168
     assert configs.shared_memory_estimate("Q4_K", 256, 64, small["BN"], small["num_stages"], 86,
                                           "fp32") <= SMALL.shared_memory
-    assert configs.moe_config("Q4_K", 256, 64, SMALL, torch.float32) == {
+    assert configs.moe_config("Q4_K", 256, 64, SMALL, torch.float32, bm=64) == {
         k: v for k, v in small.items() if k != "SPLIT_K"}
     # the interpreter has no limit: the present tile
     assert configs.gemm_config("Q4_K", 256, 64, N, 16, configs.INTERPRETER, torch.float32)["BN"] == 32
@@ -229,6 +229,82 @@ def test_the_estimates_rule_picks_a_path_and_tile_at_every_m():
                 cfg = configs.gemm_config(name, block, m, N, K // block, h200, "fp16")
                 assert f"gemm_bm{cfg['BM']}" == choice, (name, m, cfg)
 
+
+
+def test_the_experts_a_batch_chooses_and_the_rows_each_gets():
+    """configs.experts_chosen / routed_rows_per_expert, from the shapes alone: each token picks
+    `top` distinct experts, so one token's experts get a row each; with uniform routing
+    E (1 - (1 - top / E)^T) experts are chosen (4 experts, 2 a token, 2 tokens: 3 of them, 4/3
+    rows each); every expert once each token takes them all."""
+    assert configs.experts_chosen(1, 8, 128) == 8 and configs.routed_rows_per_expert(1, 8, 128) == 1.0
+    assert configs.experts_chosen(2, 2, 4) == pytest.approx(3.0)
+    assert configs.routed_rows_per_expert(2, 2, 4) == pytest.approx(4 / 3)
+    assert configs.routed_rows_per_expert(5, 4, 4) == 5.0
+    assert configs.routed_rows_per_expert(0, 8, 128) == 0.0
+    # Qwen3-30B-A3B (128 experts, 8 a token): 64 tokens give its experts about 4 rows each
+    assert 4.0 < configs.routed_rows_per_expert(64, 8, 128) < 4.2
+    rng = torch.Generator().manual_seed(0)
+    picks = torch.stack([torch.randperm(128, generator=rng)[:8] for _ in range(64 * 200)]).view(200, -1)
+    seen = sum(len(set(run.tolist())) for run in picks) / 200
+    assert seen == pytest.approx(configs.experts_chosen(64, 8, 128), rel=0.01)
+
+
+def test_the_expert_products_follow_one_rule_from_the_estimate():
+    """configs.MOE_RULE (scripts/estimate_paths.py --experts --write-configs, from the SASS
+    estimate of the expert products): per type, increasing bounds of rows an expert, the last
+    open; the GEMV first, then tiles of increasing BM; one token's experts (a row each) take
+    the GEMV whatever the rule; and what the dispatcher launches at each batch is the rule's
+    choice: its path and, for the tiles, a tile of the rule's BM."""
+    h200 = configs.KNOWN_DEVICES[90]
+    assert set(configs.MOE_RULE) == set(kernels.FORMATS)
+    for name, rule in configs.MOE_RULE.items():
+        tops = [top for top, _ in rule]
+        assert tops[-1] is None and tops[:-1] == sorted(set(tops[:-1])) and tops[0] >= 1.0, (name, rule)
+        choices = [choice for _, choice in rule]
+        bms = [int(c[len("tiles_bm"):]) for c in choices[1:]]
+        assert choices[0] == "gemv" and bms == sorted(set(bms)) and set(bms) <= {16, 32, 64}, (name, rule)
+        block = kernels.FORMATS[name].block_size
+        for experts, top in ((128, 8), (256, 8), (32, 4), (8, 2)):
+            for tokens in range(1, 300, 7):
+                rows = configs.routed_rows_per_expert(tokens, top, experts)
+                choice = next(c for t, c in rule if t is None or rows <= t) if tokens > 1 else "gemv"
+                path = kernels.dispatch.expert_path(name, tokens, top, experts)
+                assert path == ("gemv" if choice == "gemv" else "tiles"), (name, tokens, rows, rule)
+                if path == "tiles":
+                    cfg = configs.moe_config(name, block, rows, h200, "fp16")
+                    assert f"tiles_bm{cfg['BM']}" == choice, (name, tokens, rows, cfg)
+    # a rule that says tiles from the first row still leaves one token's experts to the GEMV
+    assert configs.moe_choice("Q4_K", 1.0) == "gemv"
+    # a type the estimate has not covered: the default rule
+    assert configs.moe_choice("no such type", 3.0) == "tiles_bm16"
+
+
+def test_the_expert_rule_is_fitted_monotone_to_the_fastest_choices():
+    """scripts/estimate_paths.py's expert_rule on made-up estimates: the fastest choice goes
+    GEMV (up to 1.5 rows), tiles of 16 (to 8), 32 (to 24), 64; a lone point where the GEMV
+    is the faster past the tiles' start (at 3 rows, by 1%) does not bring the GEMV back."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "estimate_paths", Path(__file__).resolve().parents[1] / "scripts" / "estimate_paths.py")
+    estimate_paths = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(estimate_paths)
+
+    def times(r):
+        t = {"gemv": 0.8 * r, "tiles_bm16": 1.2 + r / 16, "tiles_bm32": 1.1 + r / 32 + (0.4 if r <= 8 else 0),
+             "tiles_bm64": 1.0 + r / 64 + (0.9 if r <= 24 else 0)}
+        if r == 3.0:
+            t["gemv"] = 0.99 * min(t.values())
+        return t
+
+    points = [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0]
+    rows = [{"rows_per_expert": r, "times_serial_us": times(r)} for r in points]
+    assert estimate_paths.expert_rule({"a stack": rows}) == (
+        (1.5, "gemv"), (8.0, "tiles_bm16"), (24.0, "tiles_bm32"), (None, "tiles_bm64"))
+    # where the GEMV is never the faster, one row an expert is still its
+    fast_tiles = [{"rows_per_expert": r, "times_serial_us": {"gemv": 9.0, "tiles_bm16": 1.0}} for r in points]
+    assert estimate_paths.expert_rule({"a stack": fast_tiles}) == ((1.0, "gemv"), (None, "tiles_bm16"))
 
 def test_k_is_split_for_the_busiest_sm_not_for_a_count_of_programs():
     """configs.gemm_split_k: K is split until 2 programs an SM (one's MMA runs while the other
