@@ -232,13 +232,14 @@ def expert_rule(by_stack: dict[str, list[dict]]) -> tuple:
     points = [(e["rows_per_expert"], e["times_serial_us"]) for rows in by_stack.values() for e in rows]
     tiles = sorted((c for c in points[0][1] if c.startswith("tiles_bm")),
                    key=lambda c: int(c[len("tiles_bm"):]))
-    cuts = sorted({round(r, 3) for r, _ in points if r >= 1.0} | {1.0}) + [math.inf]
+    # bounds at the estimated rows, rounded up (the dispatcher compares the rows unrounded)
+    cuts = sorted({math.ceil(r * 1000) / 1000 for r, _ in points if r >= 1.0} | {1.0}) + [math.inf]
     loss = [{c: math.log(t[c] / min(t.values())) for c in t} for _, t in points]
 
     def cost(bounds):  # bounds: the largest rows of the GEMV and of each tile in order
         total = 0.0
         for (r, _), lost in zip(points, loss):
-            i = next(i for i, top in enumerate(bounds) if round(r, 3) <= top or r <= 1.0 and i == 0)
+            i = next(i for i, top in enumerate(bounds) if r <= top or r <= 1.0 and i == 0)
             total += lost[(["gemv"] + tiles)[i]]
         return total
 
