@@ -247,7 +247,7 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
 # fitted to an estimate, should cross over.
 EXPERT_STACK = (128, 768, 2048)
 EXPERT_TOP = 8
-EXPERT_TOKENS = [1, 8, 64, 256]
+EXPERT_TOKENS = [1, 8, 16, 32, 64, 256]  # 1 to 16 rows an expert (1.2-2.3: the rule's crossovers)
 
 
 @contextlib.contextmanager
