@@ -590,7 +590,8 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
     K) on an H200, by each path (dispatch.expert_path's), against the same products with fp16
     weights and the ideal (the quantized weights of the experts chosen, read once), in the
     dense model's terms (matmul_path_estimates), routing uniform (configs.routed_rows_per_expert):
-    - the GEMV a (token, slot) pair (`gemv_row`: the moe_gemv compile; its config at N x K):
+    - the GEMV a (token, slot) pair (`gemv_row`: the moe_gemv compile; the dispatcher's config
+      for that many pairs at N x K):
       pairs x the GEMV's issue at one row, and each pair's read of its expert's weight: the
       pairs of one expert lie apart in the launch (token order), and L2 (50 MB) holds a few
       experts of a stack (Qwen3-30B-A3B's 128 gate_up experts are 226 MB in Q4_K), so no read
@@ -609,12 +610,13 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
     expert_bytes = n * k // block * type_size
     per_sm_peak = H200_FP16_PEAK / SMS
     dev = configs.KNOWN_DEVICES[90]
-    c = configs.gemv_dot_config(type_name, 1, n, n_blocks, dev, act)
-    gemv_programs = -(-n // c["BN"]) * c["SPLIT_K"]
-    gemv_iterations = -(-n_blocks * c["PARTS"] // c["SPLIT_K"])
     rows = []
     for t in tokens:
         pairs = t * top
+        # the dispatcher's GEMV at this many pairs (dispatch._expert_kernels): split K for them
+        c = configs.gemv_dot_config(type_name, pairs, n, n_blocks, dev, act)
+        gemv_programs = -(-n // c["BN"]) * c["SPLIT_K"]
+        gemv_iterations = -(-n_blocks * c["PARTS"] // c["SPLIT_K"])
         chosen = configs.experts_chosen(t, top, n_experts)
         r = pairs / chosen
         memory = chosen * expert_bytes / H200_BANDWIDTH
