@@ -33,7 +33,8 @@ reported as such), the bench and the tune are stopped at their shares:
    against the CPU's, and in load_model's default dtype there (bfloat16).
 3. bench: scripts/bench_gpu.py --short for Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS: first their
    expert products (a 128-expert stack, 1 to 256 tokens of 8 experts: the touched experts'
-   bytes against the copy bandwidth, and each product's launches by the profiler), then
+   bytes against the copy bandwidth, each product's launches by the profiler, and beside it
+   the path configs.MOE_RULE does not take there, where the experts get over a row each), then
    every M of the batch sweep (inspect_kernels.py --batch-sweep estimates the same; its own
    bench_gpu.json / .md in --out/bench).
 4. tune: scripts/tune_kernels.py for the same six types, compiles for 60% of what is left
