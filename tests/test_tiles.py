@@ -241,6 +241,8 @@ def test_the_experts_a_batch_chooses_and_the_rows_each_gets():
     assert configs.experts_chosen(2, 2, 4) == pytest.approx(3.0)
     assert configs.routed_rows_per_expert(2, 2, 4) == pytest.approx(4 / 3)
     assert configs.routed_rows_per_expert(5, 4, 4) == 5.0
+    # 4 experts of this rank (expert parallel), 8 slots a token: still a row each for one token
+    assert configs.routed_rows_per_expert(1, 8, 4) == 1.0 and configs.routed_rows_per_expert(3, 8, 4) == 3.0
     assert configs.routed_rows_per_expert(0, 8, 128) == 0.0
     # Qwen3-30B-A3B (128 experts, 8 a token): 64 tokens give its experts about 4 rows each
     assert 4.0 < configs.routed_rows_per_expert(64, 8, 128) < 4.2
