@@ -561,8 +561,6 @@ EXPERT_SHAPES = {"qwen3-30b-a3b gate_up": (128, 8, 1536, 2048),
                  "deepseek-v3 down": (256, 8, 7168, 2048)}
 # the batch sizes (tokens) they are estimated at: decode, up to vLLM's graph capture size
 EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-# the tiles the expert products can take (moe.py): their BM
-EXPERT_BMS = (16, 32, 64)
 
 
 def tiles_by_expert(tokens: int, top: int, n_experts: int, bm: int) -> float:
@@ -591,11 +589,10 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
     weights and the ideal (the quantized weights of the experts chosen, read once), in the
     dense model's terms (matmul_path_estimates), routing uniform (configs.routed_rows_per_expert):
     - the GEMV a (token, slot) pair (`gemv_row`: the moe_gemv compile; the dispatcher's config
-      for that many pairs at N x K):
-      pairs x the GEMV's issue at one row, and each pair's read of its expert's weight: the
-      pairs of one expert lie apart in the launch (token order), and L2 (50 MB) holds a few
-      experts of a stack (Qwen3-30B-A3B's 128 gate_up experts are 226 MB in Q4_K), so no read
-      is counted as a hit;
+      for that many pairs at N x K): pairs x the GEMV's issue at one row, and each pair's read
+      of its expert's weight: the pairs of one expert lie apart in the launch (token order),
+      and L2 (50 MB) holds a few experts of a stack (Qwen3-30B-A3B's 128 gate_up experts are
+      226 MB in Q4_K), so no read is counted as a hit;
     - the tiles at BM (`tile_rows` by BM: the moe_m16 / m32 / m64 compiles, sass_summary +
       gemm_summary; moe_config's tile at that BM): tiles_by_expert x ceil(N / BN) programs of
       K / (BLOCK STEP_BLOCKS) iterations, no split K; time = max(issue, tensor, the chosen
@@ -648,7 +645,6 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
             row["fraction_of_ideal"] = ideal / times[choice]
         rows.append(row)
     return rows
-
 
 
 def shared_memory_of(kernel, sig: dict, constexprs: dict, capability: int, *, num_warps: int = 4,

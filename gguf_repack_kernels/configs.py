@@ -868,6 +868,7 @@ def moe_choice(type_name: str, rows_per_expert: float) -> str:
     rule = MOE_RULE.get(type_name, MOE_DEFAULT_RULE)
     return next(choice for top, choice in rule if top is None or rows_per_expert <= top)
 
+
 # The largest batch (in tokens) vLLM captures in CUDA graphs by default (its
 # max_capture_size, 512). Up to it the expert products read nothing of the routing on the
 # host: the path, the tile and the launch grid come from the shapes (dispatch.expert_path).
@@ -890,9 +891,9 @@ def routed_rows_per_expert(tokens: int, top: int, n_experts: int) -> float:
     """The rows an expert that any token chose gets on average: tokens x top / experts_chosen
     (1 for one token), top at most E (a stack of this rank's experts under expert parallelism
     can be fewer than a token's slots, the others' ids -1: a row an expert a token at most).
-    From the shapes alone (the real routing would need the host to read
-    it): one batch size, one path and tile, whatever the routing. Routing is seldom uniform;
-    the estimate only picks between tiles that are each right for every routing."""
+    From the shapes alone (the real routing would need the host to read it): one batch size,
+    one path and tile, whatever the routing. Routing is seldom uniform; the estimate only
+    picks between tiles that are each right for every routing."""
     top = min(top, n_experts)
     chosen = experts_chosen(tokens, top, n_experts)
     return tokens * top / chosen if chosen else 0.0

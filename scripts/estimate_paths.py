@@ -144,18 +144,21 @@ def rule(estimates: list[dict]) -> tuple:
     return tuple(tuple(p) for p in pairs)
 
 
-def write_configs(rules: dict[str, tuple]) -> None:
+def write_configs(rules: dict[str, tuple], name: str = "MATMUL_RULE", begin: str = BEGIN,
+                  end: str = END) -> None:
+    """configs.py's rule `name` (between the lines `begin` and `end`): these types' rules, the
+    other types keeping theirs."""
     text = CONFIGS.read_text()
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    merged = {**configs.MATMUL_RULE, **rules}
-    lines = ["MATMUL_RULE: dict[str, tuple] = {\n"]
-    for name in sorted(merged):
-        line = f"    {name!r}: {merged[name]!r},\n"
-        if len(line) > 110:  # the project's line length: a (largest M, choice) pair a line
-            line = f"    {name!r}: (\n" + "".join(f"        {p!r},\n" for p in merged[name]) + "    ),\n"
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    merged = {**getattr(configs, name), **rules}
+    lines = [f"{name}: dict[str, tuple] = {{\n"]
+    for type_name, rule in sorted(merged.items()):
+        line = f"    {type_name!r}: {rule!r},\n"
+        if len(line) > 110:  # the project's line length: a (largest M or rows, choice) pair a line
+            line = f"    {type_name!r}: (\n" + "".join(f"        {p!r},\n" for p in rule) + "    ),\n"
         lines.append(line)
     lines.append("}\n")
-    CONFIGS.write_text(text[:start] + "".join(lines) + text[end:])
+    CONFIGS.write_text(text[:start] + "".join(lines) + text[stop:])
 
 
 def _short(choice: str) -> str:
@@ -258,20 +261,6 @@ def expert_rule(by_stack: dict[str, list[dict]]) -> tuple:
     return tuple(rule)
 
 
-def write_expert_configs(rules: dict[str, tuple]) -> None:
-    text = CONFIGS.read_text()
-    start, end = text.index(EXPERTS_BEGIN) + len(EXPERTS_BEGIN), text.index(EXPERTS_END)
-    merged = {**configs.MOE_RULE, **rules}
-    lines = ["MOE_RULE: dict[str, tuple] = {\n"]
-    for name in sorted(merged):
-        line = f"    {name!r}: {merged[name]!r},\n"
-        if len(line) > 110:  # the project's line length: a (largest rows, choice) pair a line
-            line = f"    {name!r}: (\n" + "".join(f"        {p!r},\n" for p in merged[name]) + "    ),\n"
-        lines.append(line)
-    lines.append("}\n")
-    CONFIGS.write_text(text[:start] + "".join(lines) + text[end:])
-
-
 def _short_expert(choice: str) -> str:
     return choice.replace("tiles_bm", "bm")
 
@@ -322,7 +311,7 @@ def main() -> None:
             args.json.write_text(json.dumps({"estimates": experts, "rules": expert_rules,
                                              "kernels": kernels}, indent=1))
         if args.write_configs:
-            write_expert_configs(expert_rules)
+            write_configs(expert_rules, "MOE_RULE", EXPERTS_BEGIN, EXPERTS_END)
             print(f"\nwrote MOE_RULE for {', '.join(types)} into {CONFIGS}", file=sys.stderr)
         return
     estimates = estimate(types, args.jobs, RULE_MS)
