@@ -80,6 +80,14 @@ def _compile(task: tuple[str, str, int | None, str]) -> tuple[str, str, dict]:
     return name, family, row
 
 
+
+def _compile_all(tasks: list, jobs: int) -> list:
+    """_compile of each task, `jobs` processes at once."""
+    if jobs <= 1:
+        return [_compile(t) for t in tasks]
+    with ProcessPoolExecutor(jobs) as pool:
+        return list(pool.map(_compile, tasks))
+
 def _tasks(name: str, ms, act: str = "fp16") -> list[tuple[str, str, int | None, str]]:
     """The compiles the estimate of `name` needs with activations `act`: the GEMV and
     dequantize kernels, and each GEMM tile at one M of each split K it takes over `ms` for
@@ -107,11 +115,7 @@ def estimate(types, jobs: int, ms=PATH_MS, shapes=(SHAPE,), act: str = "fp16") -
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     tasks = [t for name in types for t in _tasks(name, ms, act)]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            compiled = list(pool.map(_compile, tasks))
-    else:
-        compiled = [_compile(t) for t in tasks]
+    compiled = _compile_all(tasks, jobs)
     rows, gemm = {}, {}
     for name, family, row in compiled:
         if FAMILIES[family]:
@@ -199,7 +203,6 @@ def markdown(estimates: dict[str, list[dict]]) -> str:
     return "\n".join(out)
 
 
-
 def estimate_experts(types, jobs: int, act: str = "fp16") -> tuple[dict, dict]:
     """({type: {stack name: aot.expert_path_estimates' rows at EXPERT_TOKENS}} for every stack
     of aot.EXPERT_SHAPES, {type: {family: its compile's measures}}), from the expert families'
@@ -207,11 +210,7 @@ def estimate_experts(types, jobs: int, act: str = "fp16") -> tuple[dict, dict]:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     tasks = [(name, family, None, act) for name in types for family in EXPERT_FAMILIES]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            compiled = list(pool.map(_compile, tasks))
-    else:
-        compiled = [_compile(t) for t in tasks]
+    compiled = _compile_all(tasks, jobs)
     rows = {(name, family): row for name, family, row in compiled}
     out = {}
     for name in types:
@@ -242,7 +241,8 @@ def expert_rule(by_stack: dict[str, list[dict]]) -> tuple:
     def cost(bounds):  # bounds: the largest rows of the GEMV and of each tile in order
         total = 0.0
         for (r, _), lost in zip(points, loss):
-            i = next(i for i, top in enumerate(bounds) if r <= top or r <= 1.0 and i == 0)
+            # (the GEMV's bound is 1 or more: one token's experts are its, as configs.moe_choice has it)
+            i = next(i for i, top in enumerate(bounds) if r <= top)
             total += lost[(["gemv"] + tiles)[i]]
         return total
 
