@@ -8,8 +8,9 @@ contiguous tensors [K / block_size, N, count]; see gguf-repack's DESIGN (layout 
     dequantize(planes, type_name, shape, dtype)   -> the weight, (E..., N, K)
     matmul(x, planes, type_name, shape)           -> x @ W.T, (..., N), fp32 accumulation
     embedding(ids, planes, type_name, shape, dtype) -> rows of W, ids.shape + (K,)
-    expert_matmul(x, expert_ids, planes, type_name, shape) -> each routed token times its
-                                                  experts of a stack (E, N, K): (T, k, N)
+    expert_matmul(x, expert_ids, planes, type_name, shape[, routed_experts])
+                                               -> each routed token times its experts of a
+                                                  stack (E, N, K): (T, k, N)
 
 Each GGML type is one Triton dequant function (formats_*.py), shared by every kernel family
 (dequantize.py, gemm.py, embedding.py), and a dot function for the GEMV (gemv.py);

@@ -889,11 +889,11 @@ def experts_chosen(tokens: int, top: int, n_experts: int) -> float:
 
 def routed_rows_per_expert(tokens: int, top: int, n_experts: int) -> float:
     """The rows an expert that any token chose gets on average: tokens x top / experts_chosen
-    (1 for one token), top at most E (a stack of this rank's experts under expert parallelism
-    can be fewer than a token's slots, the others' ids -1: a row an expert a token at most).
-    From the shapes alone (the real routing would need the host to read it): one batch size,
-    one path and tile, whatever the routing. Routing is seldom uniform; the estimate only
-    picks between tiles that are each right for every routing."""
+    (1 for one token), `n_experts` the experts the router chooses among (the model's: under
+    expert parallelism a local expert gets what any expert gets; top is capped at it, a row
+    an expert a token at most). From the shapes alone (the real routing would need the host
+    to read it): one batch size, one path and tile, whatever the routing. Routing is seldom
+    uniform; the estimate only picks between tiles that are each right for every routing."""
     top = min(top, n_experts)
     chosen = experts_chosen(tokens, top, n_experts)
     return tokens * top / chosen if chosen else 0.0

@@ -342,14 +342,15 @@ def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device, d
     return cfg
 
 
-def expert_path(type_name: str, tokens: int, top: int, n_experts: int) -> str:
-    """Which path multiplies `tokens` tokens routed to `top` experts each of a stack of
-    `n_experts`, from these shapes alone (the same for every routing, as a CUDA graph needs):
-    "gemv" (a GEMV a pair), "tiles" (BM-row tiles of one expert each) or, past the batch
-    sizes engines capture in CUDA graphs, "dequantize+matmul". By the rows an expert gets on
-    average (configs.routed_rows_per_expert), as the dense matmul chooses by M (the
-    estimate's rule: configs.moe_choice)."""
-    rows = configs.routed_rows_per_expert(tokens, top, n_experts)
+def expert_path(type_name: str, tokens: int, top: int, routed_experts: int) -> str:
+    """Which path multiplies `tokens` tokens routed to `top` experts each of the model's
+    `routed_experts`, from these shapes alone (the same for every routing, as a CUDA graph
+    needs): "gemv" (a GEMV a pair), "tiles" (BM-row tiles of one expert each) or, past the
+    batch sizes engines capture in CUDA graphs, "dequantize+matmul". By the rows an expert
+    gets on average (configs.routed_rows_per_expert), as the dense matmul chooses by M (the
+    estimate's rule: configs.moe_choice). Under expert parallelism `routed_experts` is the
+    model's count, not this rank's stack: a local expert gets the rows any expert gets."""
+    rows = configs.routed_rows_per_expert(tokens, top, routed_experts)
     if configs.moe_choice(type_name, rows) == "gemv":
         return "gemv"
     if tokens > configs.MOE_GRAPH_MAX_TOKENS and \
@@ -359,7 +360,7 @@ def expert_path(type_name: str, tokens: int, top: int, n_experts: int) -> str:
 
 
 def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, torch.Tensor],
-                  type_name: str, shape) -> torch.Tensor:
+                  type_name: str, shape, routed_experts: int | None = None) -> torch.Tensor:
     """Each routed token times its experts, for an expert stack W of torch shape (E, N, K):
     x (T, K) (one input per token) or (T, k, K) (one per token and slot), expert_ids (T, k),
     -1 for none. Result (T, k, N) in x's dtype: out[t, j] = x[t (, j)] @ W[expert_ids[t, j]].T,
@@ -368,24 +369,30 @@ def expert_matmul(x: torch.Tensor, expert_ids: torch.Tensor, planes: dict[str, t
     weight dequantized once, then torch.matmul. Up to configs.MOE_GRAPH_MAX_TOKENS tokens no
     step synchronizes with the host (tests/test_host_sync.py). An id outside -1..E-1 raises
     RuntimeError (on a GPU a device-side assert) and reads no weight; the ids are read as
-    given, int32 or int64."""
+    given, int32 or int64. `routed_experts`: the experts the model's router chooses among,
+    where this stack holds fewer (expert parallelism: this rank's experts, the others' ids
+    -1); the path and tile follow the rows an expert gets, which come from the model's count
+    (this rank's would count each token's slots as all local). None: the stack's E."""
     fmt = _format(type_name)
     n_experts, n, k = shape
+    routed = n_experts if routed_experts is None else routed_experts
+    if routed < n_experts:
+        raise ValueError(f"expert_matmul: routed_experts {routed} is fewer than the stack's {n_experts}")
     t, top = expert_ids.shape
     if t * top == 0 or k == 0:  # nothing routed, or K = 0 (see matmul)
         return x.new_zeros(t, top, n)
     x2 = x.reshape(-1, k).contiguous()
     ids = expert_ids.to(x.device)
-    path = expert_path(type_name, t, top, n_experts)
+    path = expert_path(type_name, t, top, routed)
     with _launch_device(x.device):
         if path == "dequantize+matmul":  # the ids checked by torch ops (it reads them anyway)
             _assert_ids(((ids >= -1) & (ids < n_experts)).all(), n_experts)
             out = torch.zeros(t * top, n, device=x.device, dtype=x.dtype)
             return _experts_dequantized(x2, ids, planes, type_name, shape, x.dim() == 3, out)
-        return _expert_kernels(x, x2, ids, planes, fmt, shape, path)
+        return _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed)
 
 
-def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
+def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
     n_experts, n, k = shape
     b = k // fmt.block_size
     t, top = ids.shape
@@ -404,7 +411,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path):
                               BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.reshape(t, top, n)
-    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(t, top, n_experts),
+    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(t, top, routed),
                              _device(x.device), x.dtype, b)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros

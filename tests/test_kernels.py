@@ -10,6 +10,7 @@ import triton.language as tl
 from ggml_blocks import as_q8_0, random_blocks
 
 import gguf_repack_kernels as kernels
+from gguf_repack import QTensor, RepackError
 from gguf_repack.format.layout import pack
 from gguf_repack.format.type_table import TYPES_BY_NAME
 from gguf_repack.runtime.dequant import DEQUANTIZERS, dequantize_planes
@@ -295,6 +296,35 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
         assert not got.isnan().any(), path
         assert torch.equal(got[ids < 0], torch.zeros(2, n, dtype=torch.float16)), path
         assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, (name, path)
+
+
+def test_under_expert_parallelism_the_path_follows_the_models_expert_count(rng, monkeypatch):
+    """A rank's stack of 2 of the model's 16 experts (the others' ids -1), 4 tokens of 2 slots:
+    an expert the model routes to gets 8 / 6.6 = 1.2 rows on average, which Q4_0's rule
+    gives the GEMV; counted by the stack alone (every slot local) it would be 4 rows, tiles.
+    Both products are right; `routed_experts` fewer than the stack holds is refused."""
+    name, n, k = "Q4_0", 37, 256
+    assert kernels.configs.moe_choice(name, kernels.configs.routed_rows_per_expert(4, 2, 16)) == "gemv"
+    assert kernels.configs.moe_choice(name, kernels.configs.routed_rows_per_expert(4, 2, 2)) != "gemv"
+    qtype, planes = make_planes(name, (2, n, k), rng)
+    by_expert = dequantize_planes(planes, qtype).reshape(2, n, k)
+    ids = torch.tensor([[1, -1], [-1, -1], [0, -1], [-1, 0]])
+    x = (torch.from_numpy(rng.standard_normal((4, k)).astype(np.float32)) / by_expert.abs().max()).half()
+    taken = []
+    launch = kernels.dispatch._expert_kernels
+    monkeypatch.setattr(kernels.dispatch, "_expert_kernels", lambda *a: taken.append(a[6]) or launch(*a))
+    for routed, path in ((16, "gemv"), (None, "tiles")):
+        got = kernels.expert_matmul(x, ids, planes, name, (2, n, k), routed_experts=routed)
+        assert taken.pop() == path
+        rows = torch.from_numpy(as_q8_0(x.float().numpy())) if path == "gemv" else x.float()  # int8 x
+        ref = torch.einsum("tk,tjnk->tjn", rows, by_expert[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+        assert torch.equal(got[ids < 0], torch.zeros(int((ids < 0).sum()), n, dtype=torch.float16))
+        assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 1e-2, path
+    with pytest.raises(ValueError, match="routed_experts 1 is fewer than the stack's 2"):
+        kernels.expert_matmul(x, ids, planes, name, (2, n, k), routed_experts=1)
+    stack = QTensor(name, (2, n, k), planes)
+    with pytest.raises(RepackError, match="routed_experts 1 is fewer"):
+        stack.expert_matmul(x, ids, backend="triton", routed_experts=1)
 
 
 @pytest.mark.parametrize("name", KERNEL_TYPES)
@@ -588,7 +618,7 @@ def test_decode_grid_tables_are_gguf_pys(name):
 def test_real_model_tensors_through_the_triton_backend(model_name, converted):
     """Real data of each quantized type of the real models (up to 96 rows of its smallest
     tensor): the QTensor triton backend (interpreter) equals the torch backend."""
-    from gguf_repack import QTensor, load
+    from gguf_repack import load
 
     model = load(converted[model_name])
     smallest = {}

@@ -53,8 +53,10 @@ class TorchBackend:
         return out.reshape(*x.shape[:-1], n).to(x.dtype)
 
     @classmethod
-    def expert_matmul(cls, qt, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Pairs grouped by expert, one 2-D product (bounded memory) per expert chosen."""
+    def expert_matmul(cls, qt, x: torch.Tensor, ids: torch.Tensor,
+                      routed_experts: int | None = None) -> torch.Tensor:
+        """Pairs grouped by expert, one 2-D product (bounded memory) per expert chosen (the
+        same whatever the model's expert count: `routed_experts` only steers the kernels)."""
         experts, n, k = qt.shape
         flat_ids = ids.reshape(-1)
         if flat_ids.numel() and not ((flat_ids >= -1) & (flat_ids < experts)).all():  # (host reads below)
@@ -105,10 +107,11 @@ class TritonBackend:
         return kernels.matmul(x, cls._planes(qt), qt.qtype.name, tuple(qt.shape))
 
     @classmethod
-    def expert_matmul(cls, qt, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def expert_matmul(cls, qt, x: torch.Tensor, ids: torch.Tensor,
+                      routed_experts: int | None = None) -> torch.Tensor:
         import gguf_repack_kernels as kernels
 
-        return kernels.expert_matmul(x, ids, cls._planes(qt), qt.qtype.name, tuple(qt.shape))
+        return kernels.expert_matmul(x, ids, cls._planes(qt), qt.qtype.name, tuple(qt.shape), routed_experts)
 
     @classmethod
     def embedding(cls, qt, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -84,7 +84,7 @@ class QTensor:
         return backends.get(backend, self.device, self.qtype.name).matmul(self, x)
 
     def expert_matmul(self, x: torch.Tensor, expert_ids: torch.Tensor,
-                      backend: str = "auto") -> torch.Tensor:
+                      backend: str = "auto", routed_experts: int | None = None) -> torch.Tensor:
         """Each routed token's product with its experts, for an expert stack W of shape
         (E, N, K): x of shape (T, K) (one input per token, as for gate and up) or (T, k, K) (one
         per token and slot, as for down), `expert_ids` (T, k). Result (T, k, N) in x's dtype,
@@ -92,7 +92,10 @@ class QTensor:
         are the caller's. An id of -1 (an expert of another rank, under expert parallelism)
         gives zeros. Experts no token chose are never read: the torch backend groups the
         tokens by expert, one product per expert chosen; the Triton one sorts them by expert
-        into tiles, one launch for all (gguf_repack_kernels.expert_matmul)."""
+        into tiles, one launch for all (gguf_repack_kernels.expert_matmul). `routed_experts`:
+        the experts the model's router chooses among, where the stack holds fewer (expert
+        parallelism); the kernels' path and tile follow the rows an expert gets, which come
+        from it. The result does not depend on it."""
         if len(self.shape) != 3:
             raise RepackError(f"expert_matmul needs a 3-D expert stack, this one is {list(self.shape)}")
         experts, n, k = self.shape
@@ -104,11 +107,15 @@ class QTensor:
                 or (x.dim() == 3 and x.shape[1] != ids.shape[1]) or x.shape[-1] != k:
             raise RepackError(f"expert_matmul: x {list(x.shape)} and expert_ids {list(ids.shape)} do "
                               f"not fit a stack of {experts} experts of [{n}, {k}]")
+        if routed_experts is not None and routed_experts < experts:
+            raise RepackError(f"expert_matmul: routed_experts {routed_experts} is fewer than the "
+                              f"stack's {experts} experts")
         # Each backend refuses an id outside -1..E-1 (the message below): the Triton one on
         # the device, with no host sync (a CUDA graph's capture forbids one), as part of its
         # launches; on a GPU a bad id is then a device-side assert
         try:
-            return backends.get(backend, self.device, self.qtype.name).expert_matmul(self, x, ids)
+            backend_class = backends.get(backend, self.device, self.qtype.name)
+            return backend_class.expert_matmul(self, x, ids, routed_experts)
         except RuntimeError as e:  # CPU tensors: raised at once
             if str(e).startswith("expert_matmul: expert ids must be in"):
                 raise RepackError(str(e)) from None

@@ -35,15 +35,15 @@ from .names import PLANE
 
 # an opaque custom op, as the linear layers' products (vLLM compiles the model)
 @torch.library.custom_op("gguf_repack::rp1_expert_matmul", mutates_args=())
-def rp1_expert_matmul(x: torch.Tensor, ids: torch.Tensor, planes: list[torch.Tensor], qtype: str,
-                      experts: int, n: int, k: int) -> torch.Tensor:
+def rp1_expert_matmul(x: torch.Tensor, ids: torch.Tensor, routed_experts: int, planes: list[torch.Tensor],
+                      qtype: str, experts: int, n: int, k: int) -> torch.Tensor:
     fields = TYPES_BY_NAME[qtype].fields
     stack = QTensor(qtype, (experts, n, k), {f.name: p for f, p in zip(fields, planes)})
-    return stack.expert_matmul(x, ids)
+    return stack.expert_matmul(x, ids, routed_experts=routed_experts)
 
 
 @rp1_expert_matmul.register_fake
-def _(x, ids, planes, qtype, experts, n, k):
+def _(x, ids, routed_experts, planes, qtype, experts, n, k):
     return x.new_empty((ids.shape[0], ids.shape[1], n))
 
 
@@ -192,9 +192,14 @@ class RepackMoEMethod(FusedMoEMethodBase):
     def apply(self, layer, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts=None, shared_experts_input=None) -> torch.Tensor:
         ids = topk_ids.long()
+        # the experts the router chose among: under expert parallelism the model's, which the
+        # expert map spans (global id -> local slot), not this rank's stack; the kernels choose
+        # their path by the rows an expert gets, which come from the model's count
+        weights = layer.rp1_weights
+        routed = weights["w2"].shape[0]
         if layer.expert_map is not None:
             ids = layer.expert_map[ids].long()
-        weights = layer.rp1_weights
+            routed = layer.expert_map.shape[0]
         if layer.apply_router_weight_on_input:
             # Llama 4 (top-1, as vLLM allows it): the router's weight scales the expert's input,
             # not its output; vLLM's modular kernels do this in a prepare step, which this
@@ -203,13 +208,13 @@ class RepackMoEMethod(FusedMoEMethodBase):
                 raise ValueError("gguf_repack: the router's weight on the experts' input needs top-1")
             x = x * topk_weights.to(x.dtype)
         if "w13" in weights:
-            gate, up = rp1_expert_matmul(x, ids, *_call(weights["w13"])).chunk(2, dim=-1)
+            gate, up = rp1_expert_matmul(x, ids, routed, *_call(weights["w13"])).chunk(2, dim=-1)
         else:
-            gate = rp1_expert_matmul(x, ids, *_call(weights["w1"]))
-            up = rp1_expert_matmul(x, ids, *_call(weights["w3"]))
+            gate = rp1_expert_matmul(x, ids, routed, *_call(weights["w1"]))
+            up = rp1_expert_matmul(x, ids, routed, *_call(weights["w3"]))
         gate = add_expert_bias(gate, getattr(layer, BIAS + "gate", None), ids)
         up = add_expert_bias(up, getattr(layer, BIAS + "up", None), ids)
-        down = rp1_expert_matmul(self.activation(gate, up), ids, *_call(weights["w2"]))
+        down = rp1_expert_matmul(self.activation(gate, up), ids, routed, *_call(weights["w2"]))
         down = add_expert_bias(down, getattr(layer, BIAS + "down", None), ids)
         if layer.apply_router_weight_on_input:  # (applied to the input above)
             return down.sum(dim=1).to(x.dtype)
