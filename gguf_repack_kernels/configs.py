@@ -350,9 +350,9 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'TQ1_0': (
-        (4, 'gemv'),
-        (32, 'gemm_bm32'),
-        (64, 'gemm_bm64'),
+        (1, 'gemv'),
+        (16, 'gemm_bm16'),
+        (64, 'gemm_bm32'),
         (128, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
@@ -854,7 +854,7 @@ MOE_RULE: dict[str, tuple] = {
     'Q5_K': ((1.256, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q6_K': ((1.115, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q8_0': ((1.0, 'gemv'), (1.033, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'TQ1_0': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'TQ1_0': ((1.568, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'TQ2_0': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
 }
 # END estimate_paths --experts --write-configs

@@ -793,9 +793,18 @@ def tile_columns(BLOCK: tl.constexpr, RUN: tl.constexpr):
     of fragment_order_32 or fragment_order_256, by BLOCK (registry.py); x's loads narrow to
     pairs of elements there. RUN = -2: the fragment order of Q2_K's 2-bit fields. RUN = -3:
     the fragment order of 8-weight grid rows, thread c (k = 2c, 2c + 1, 2c + 8, 2c + 9 of
-    each 16) taking row c of each 32 weights."""
+    each 16) taking row c of each 32 weights. RUN = -4: TQ1_0's (formats_other.tq1_0_half)."""
     c = tl.arange(0, BLOCK)
-    if RUN == -1 and BLOCK == 256:  # fragment order (fragment_order_256)
+    if RUN == -4:  # TQ1_0's fragment order (formats_other.tq1_0_half): thread t, word s, slot k
+        t = (c // 2) % 4
+        s = c // 64
+        k = (c // 16) % 4
+        a = s // 2  # (arithmetic, not tl.where: x's loads keep their pairs)
+        b = s // 3
+        c = ((1 - a) * (32 * k + 8 * t + 4 * s) + (a - b) * (160 + 16 * k + 4 * t)
+             + b * (128 + 8 * t + 4 * k + (k // 2) * (64 + 12 * k - 4 * t))
+             + 2 * ((c // 8) % 2) + c % 2)
+    elif RUN == -1 and BLOCK == 256:  # fragment order (fragment_order_256)
         c = (64 * ((c // 2) % 4) + 32 * ((c // 8) % 2) + 4 * (c // 32) + 2 * ((c // 16) % 2)
              + c % 2)
     elif RUN == -3:  # 8-weight rows' fragment order (formats_iquants.signed_grid8_f16)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    INTERPRETED,
     bf16_pair,
     bf16_pair_words,
     bits_at,
@@ -20,6 +21,7 @@ from .fields import (
     field_bytes,
     field_f16,
     field_run,
+    field_word,
     fragment_order_256,
     lookup16,
     lookup16_ptx,
@@ -31,6 +33,7 @@ from .fields import (
     row_u8,
     row_word,
     row_words,
+    row_zero,
     scale_f16,
     split4,
     swap_middle_bytes,
@@ -121,7 +124,91 @@ def tq1_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
     return scale_f16(P2, j, rows, mask, N) * acc
 
 
-@register("TQ1_0", 256, ("qs", "qh", "d"), table=tq1_table, dot=tq1_0_dot)
+# 1024 + y (two float16 lanes) times 3/256 (0x2200) plus 1013.5 (0x63EB), rounded once
+TRIT_PAIR_PTX = tl.constexpr("fma.rn.f16x2 $0, $1, $2, $3;")
+
+
+# a word's bytes 0, 1 and 2, 3 in 16-bit lanes: 0x00b100b0, 0x00b300b2
+BYTE_LANES_PTX = tl.constexpr("prmt.b32 $0, $2, 0, 0x4140; prmt.b32 $1, $2, 0, 0x4342;")
+
+
+@triton.jit
+def byte_lanes(w):
+    """int32 [...] -> int32 [..., 2]: pair e of each word's bytes (2e, 2e + 1), each in a
+    16-bit lane (one PRMT a pair)."""
+    if INTERPRETED:
+        return tl.join((w & 0xFF) | ((w << 8) & 0xFF0000), ((w >> 16) & 0xFF) | ((w >> 8) & 0xFF0000))
+    else:
+        lo, hi = tl.inline_asm_elementwise(BYTE_LANES_PTX, "=r,=r,r", [w], dtype=(tl.int32, tl.int32),
+                                           is_pure=True, pack=1)
+        return tl.join(lo, hi)
+
+
+@triton.jit
+def trit_pairs(u, M, Z, DT: tl.constexpr):
+    """Words of two 16-bit lanes, each a byte b (u: 0x00bb00bb), times 3**k (M, up to 81:
+    no lane carries) -> DT [..., 2] of the bits of float16 1026 + digit k of each lane's byte
+    (ggml's ((b 3**k) % 256 * 3) >> 8). The lane's low byte y = (b 3**k) % 256 goes under
+    float16's exponent (1024 + y, one LOP3), and one HFMA rounds 1024 + y times 3/256 plus
+    1013.5 = 1025.5 + 3y/256 to the integer 1026 + floor(3y/256): the only tie, y = 0, goes
+    to 1026, even. As bfloat16 the same bits are (1 + (2 + digit) / 128) 2**73
+    (tq1_0_half)."""
+    v = ((u * M) & (0x00FF00FF + Z)) | (0x64006400 + Z)
+    if INTERPRETED:  # (numpy's float16 product and sum, each rounded: the same integers)
+        r = tl.fma(f16_halves(v, tl.float16), 0.01171875, 1013.5)
+        return r.to(tl.int16, bitcast=True).to(DT, bitcast=True)
+    else:
+        r = tl.inline_asm_elementwise(TRIT_PAIR_PTX, "=r,r,r,r", [v, 0x22002200 + Z, 0x63EB63EB + Z],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+        return f16_halves(r, DT)
+
+
+@triton.jit
+def tq1_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """TQ1_0 for the fused GEMM's tiles with float16 (or bfloat16) x, in its own fragment
+    order (fields.tile_columns, RUN = -4): an MMA fragment's thread c takes qs words 2c and
+    2c + 1 (of the run of 32 bytes, 5 digits a byte), qs word 8 + c (of the run of 16) and
+    digit c of qh's 4 bytes: 64 weights, its k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16. As
+    [R, c, word s, slot k, lane pair e, half]: digits 0..3 of words a0, a1, b, then in the
+    fourth row digit 4 of a0, a1, b and digit c of qh. A word's bytes 0, 1 and 2, 3 go into
+    16-bit lanes (byte_lanes: a PRMT each); the lanes times 3**digit are one IMAD, then
+    trit_pairs (a LOP3 and an HFMA), less a constant and times d (an HADD and an HMUL):
+    exact in float16 (d times -1, 0 or 1), d rounded once in bfloat16. d is loaded alone
+    and broadcast as Q2_K's scales are (read in its word, Triton sent the whole weight tile
+    through shared memory: 501 -> 1737 instructions a step, BM = 16, float16 x). The tiles
+    of BM >= 64 take the float32 function (this one spilled in their K loop: 21-45 loads)."""
+    R: tl.constexpr = rows.shape[0]
+    c = tl.arange(0, 4)[:, None]
+    w = tl.arange(0, 4)[None, :]
+    # word s of thread c: qs words 2c, 2c + 1, 8 + c (and 8 + c again, for qh's word)
+    at = tl.where(w < 2, 2 * c + w, 8 + c)
+    base = (j * N + rows).to(tl.int64)[:, None, None]
+    qs = tl.load(P0.to(tl.pointer_type(tl.int32)) + base * 12 + at[None], mask=mask[:, None, None], other=0)
+    qh = field_word(P1, j, rows, mask, N, 1, 0)[:, None, None]
+    words = tl.where(w[None] < 3, qs, qh)
+    Z = row_zero(rows)[:, None, None, None, None]
+    s = tl.arange(0, 4)[:, None]
+    k = tl.arange(0, 4)[None, :]
+    # row s < 3: word s, digit k; row 3: word k, digit 4 (qh's: digit c)
+    src = tl.where((s == 3)[None, None], words[:, :, None, :], words[:, :, :, None])  # [R, c, s, k]
+    pow3 = tl.where(k == 0, 1, tl.where(k == 1, 3, tl.where(k == 2, 9, 27)))  # [1, k]
+    c3 = tl.where(c == 0, 1, tl.where(c == 1, 3, tl.where(c == 2, 9, 27)))[:, :, None]  # [c, 1, 1]
+    m = tl.where(s == 3, tl.where(k == 3, c3, 81), pow3)  # [c, s, k]
+    u = byte_lanes(src)  # [R, c, s, k, lane pair e]
+    q = trit_pairs(u, m[None, :, :, :, None], Z, DT)  # [R, c, s, k, e, half]
+    # float16: less 1027, times d. bfloat16: the float16 bits of 1026 + digit read as
+    # bfloat16, (1 + (2 + digit) / 128) 2**73, less (1 + 3 / 128) 2**73 is (digit - 1) 2**66
+    # exactly, times d 2**-66 (d rounded to bfloat16 once): no conversion a pair
+    BASE: tl.constexpr = 1.0234375 * 2.0 ** 73 if DT == tl.bfloat16 else 1027.0
+    SCALE: tl.constexpr = 2.0 ** -66 if DT == tl.bfloat16 else 1.0
+    d = field_f16(P2, j, rows, mask, N) * SCALE
+    d = tl.reshape(tl.broadcast_to(d, (R, 16)).to(DT), (R, 4, 1, 4, 1, 1))
+    q = (q - BASE) * d
+    return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
+
+
+@register("TQ1_0", 256, ("qs", "qh", "d"), table=tq1_table, dot=tq1_0_dot, dequant_half=tq1_0_half,
+          f16_nibble_run=-4, wide_f16="float32")
 @triton.jit
 def tq1_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # ggml's weight order is digit-major within each of three byte runs: qs[0:32] holds 5

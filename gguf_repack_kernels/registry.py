@@ -41,10 +41,11 @@ the weights ordered so that each thread of an MMA fragment, which holds k = 2c, 
 block's bytes alone (fields.fragment_order_256, fragment_order_32): it unpacks its own words,
 with the scales of its own sub-blocks, and nothing moves between threads or through shared
 memory on the way to the tensor cores. -2 and -3 are fragment orders of the same kind for
-other unpackings: Q2_K's and Q3_K's 2-bit fields (-2), and the grid types' runs of 8 weights,
-thread c taking run c of every 32 (-3, formats_iquants.signed_grid8_f16). Where that
+other unpackings: Q2_K's and Q3_K's 2-bit fields (-2), the grid types' runs of 8 weights,
+thread c taking run c of every 32 (-3, formats_iquants.signed_grid8_f16), and TQ1_0's base-3
+digits, thread c taking a quarter of each run of bytes (-4, formats_other.tq1_0_half). Where that
 function needs more registers than a 64-row tile's accumulator leaves (IQ4_XS's lookups,
-Q2_K, the grid types), `wide_f16` names the one the tiles of BM >= 64 take, with its order
+Q2_K, the grid types, TQ1_0), `wide_f16` names the one the tiles of BM >= 64 take, with its order
 ("float32": the type's float32 function; else one taking DT, float16 or bfloat16).
 
 In bfloat16 (vLLM's default activation dtype) the same function, in the same order, unpacks

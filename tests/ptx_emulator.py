@@ -61,6 +61,18 @@ def fma_bf16x2(a, b, c):
     return out
 
 
+def fma_f16x2(a, b, c):
+    """fma.rn.f16x2: each half a * b + c, computed exactly (float64 holds the product and sum
+    of float16 values exactly), rounded once to float16 (numpy's rounding: to nearest, ties to
+    even)."""
+    out = np.zeros_like(a)
+    for k in (0, 1):
+        f = [((w >> U32(16 * k)) & U32(0xFFFF)).astype(np.uint16).view(np.float16).astype(np.float64)
+             for w in (a, b, c)]
+        out |= (f[0] * f[1] + f[2]).astype(np.float16).view(np.uint16).astype(U32) << U32(16 * k)
+    return out
+
+
 def _value(token, regs, n):
     token = token.strip()
     if token.startswith("0f"):
@@ -98,6 +110,8 @@ def run(ptx: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             r = v[0] ^ v[1]
         elif op == "fma.rn.bf16x2":
             r = fma_bf16x2(*v)
+        elif op == "fma.rn.f16x2":
+            r = fma_f16x2(*v)
         elif op == "shr.u32":
             r = v[0] >> v[1]
         elif op == "shr.s32":

@@ -682,6 +682,39 @@ def test_word_bytes_ptx_puts_each_byte_under_float16s_exponent():
     assert np.array_equal(got, 1024.0 + words.view(np.uint8).reshape(-1, 4))
 
 
+def test_trit_pair_ptx_reads_each_lanes_leading_base_3_digit():
+    """formats_other.trit_pairs' inline PTX (TQ1_0's float16 and bfloat16 tiles), run by
+    tests/ptx_emulator.py for every pair of lane bytes y: 1024 + y in each float16 half, one
+    HFMA (exact product and sum, one rounding) gives 1026 + floor(3y / 256), ggml's digit
+    ((y * 3) >> 8) plus 1026."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.formats_other import TRIT_PAIR_PTX
+
+    lo, hi = (y.ravel().astype(np.uint32) for y in np.meshgrid(np.arange(256), np.arange(256)))
+    words = (0x6400 + lo) | (0x6400 + hi) << np.uint32(16)
+    consts = {"$2": np.full_like(words, 0x22002200), "$3": np.full_like(words, 0x63EB63EB)}
+    got = run(TRIT_PAIR_PTX.value, {"$1": words, **consts})["$0"]
+    for k, y in enumerate((lo, hi)):
+        half = ((got >> np.uint32(16 * k)) & np.uint32(0xFFFF)).astype(np.uint16).view(np.float16)
+        assert np.array_equal(half.astype(np.float64), 1026.0 + ((y * 3) >> 8))
+
+
+def test_byte_lanes_ptx_puts_a_words_byte_pairs_in_16_bit_lanes():
+    """formats_other.byte_lanes' inline PTX, run by tests/ptx_emulator.py on random words, as
+    its interpreter twin: bytes 0, 1 of each word in the low and high 16-bit lanes of the
+    first result, bytes 2, 3 of the second, zeros above each."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.formats_other import BYTE_LANES_PTX
+
+    words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    b = [(words >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]
+    regs = run(BYTE_LANES_PTX.value, {"$2": words})
+    assert np.array_equal(regs["$0"], b[0] | b[1] << np.uint32(16))
+    assert np.array_equal(regs["$1"], b[2] | b[3] << np.uint32(16))
+
+
 @triton.jit
 def _nibbles_f16_kernel(W, OUT, R: tl.constexpr, N: tl.constexpr, RUN: tl.constexpr):
     w = tl.load(W + tl.arange(0, R)[:, None] * N + tl.arange(0, N)[None, :])
@@ -929,6 +962,26 @@ def test_the_gemm_reads_x_in_q2_ks_fragment_order():
     assert all(order[k + 1] == order[k] + 1 for k in range(0, 256, 2))
 
 
+def test_the_gemm_reads_x_in_tq1_0s_fragment_order():
+    """TQ1_0's fragment order (f16_nibble_run = -4, formats_other.tq1_0_half): thread c (lane %
+    4) of an MMA fragment holds k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16; read through
+    tile_columns, each is a weight whose base-3 digit lies in a byte thread c owns, as
+    ggml's TQ1_0 places them (gguf-py's order: qs bytes 0..31 hold weights 32d + b, digit d,
+    bytes 32..47 weights 160 + 16d + b, qh's 4 bytes weights 240 + 4d + b): qs bytes 8c..8c+7
+    and 32+4c..35+4c, and digit c of qh's bytes; its pairs adjacent weights, a permutation."""
+    order = tile_order(256, -4)
+    assert sorted(order) == list(range(256))
+    for k, weight in enumerate(order):
+        c = (k // 2) % 4
+        if weight < 160:
+            assert (weight % 32) // 8 == c, (k, weight)
+        elif weight < 240:
+            assert ((weight - 160) % 16) // 4 == c, (k, weight)
+        else:
+            assert (weight - 240) // 4 == c, (k, weight)
+    assert all(order[k + 1] == order[k] + 1 for k in range(0, 256, 2))
+
+
 def test_the_gemm_reads_x_in_the_8_weight_rows_fragment_order():
     """The 8-weight rows' fragment order (f16_nibble_run = -3, signed_grid8_f16): thread c
     (lane % 4) of an MMA fragment holds k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16; read
@@ -957,7 +1010,7 @@ def half_types(act: str) -> set[str]:
 def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtype, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
-    Q5_0, Q8_0, IQ4_NL, NVFP4, TQ2_0), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
+    Q5_0, Q8_0, IQ4_NL, NVFP4, TQ1_0, TQ2_0), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
     outside float16's range, where the weights are 0 or infinite). Where a min is added (Q4_1,
     Q5_1) a GPU fuses d * q + m into one HFMA (one rounding) and the interpreter rounds d * q
     first: within those two roundings, of d * q and of the sum. IQ4_XS, Q6_K and Q3_K round d times
@@ -968,8 +1021,8 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
     the function its tiles of BM >= 64 take (IQ4_XS), in both dtypes.
 
     The bfloat16 functions (for bfloat16 x) likewise, in bfloat16: bit for bit where the
-    scale is a power of two or exact in bfloat16 (MXFP4, NVFP4), or times -1, 0 or 1 (TQ2_0:
-    d's rounding is the weight's); where a float16 d is itself rounded to bfloat16 first
+    scale is a power of two or exact in bfloat16 (MXFP4, NVFP4), or times -1, 0 or 1 (TQ1_0,
+    TQ2_0: d's rounding is the weight's); where a float16 d is itself rounded to bfloat16 first
     (Q4_0, Q5_0, IQ4_NL; the d * scale of Q6_K, Q3_K, IQ4_XS and the grid types, IQ1_S's and
     IQ1_M's with their deltas), within two roundings; with a min, within a rounding of each
     term and of the result."""
@@ -978,7 +1031,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
     fmt = kernels.FORMATS[name]
     assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "NVFP4", "MXFP4", "Q4_K", "Q5_K",
             "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
-            "TQ2_0"} == half_types("fp16")
+            "TQ1_0", "TQ2_0"} == half_types("fp16")
     assert half_types("bf16") == half_types("fp16") - {"Q8_0"}
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 3 * qtype.block_size
@@ -1002,7 +1055,7 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
                                             "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ1_M"):
         # d (or d * scale) rounded to bfloat16, then the product: within two roundings
         assert ((got.float() - exact).abs() <= (eps + eps ** 2) * exact.abs() + tiny).all()
-    elif name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4", "TQ2_0"):
+    elif name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "NVFP4", "MXFP4", "TQ1_0", "TQ2_0"):
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
     elif name in ("IQ4_XS", "Q6_K", "Q3_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
                   "IQ1_M"):

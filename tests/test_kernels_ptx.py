@@ -255,12 +255,13 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
 # own fields (iq1_m_half, "IQ1_M in float16"): 0.12 -> 0.23; the grid rows gathered in the K
 # step, not copied ahead through shared memory (formats_iquants.grid_words, BENCHMARKS.md "The
 # grid rows gathered in the K step"): IQ3_XXS 0.39 -> 0.41, IQ3_S 0.40 -> 0.42, IQ1_S 0.21 ->
-# 0.22, IQ1_M 0.23 -> 0.25
+# 0.22, IQ1_M 0.23 -> 0.25; TQ1_0's float16 function, each byte's digits read a lane pair at
+# a time by an HFMA's rounding (tq1_0_half, BENCHMARKS.md "TQ1_0 in float16"): 0.13 -> 0.39
 GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q8_0": 0.95,
                    "Q4_K": 0.85, "Q5_K": 0.95, "Q6_K": 0.95, "IQ4_NL": 0.75, "IQ4_XS": 0.7, "Q2_K": 0.54,
                    "Q3_K": 0.39,
                    "MXFP4": 0.64, "NVFP4": 0.7, "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35,
-                   "IQ3_XXS": 0.4, "IQ3_S": 0.41, "IQ1_S": 0.21, "TQ2_0": 0.55, "IQ1_M": 0.24}
+                   "IQ3_XXS": 0.4, "IQ3_S": 0.41, "IQ1_S": 0.21, "TQ2_0": 0.55, "IQ1_M": 0.24, "TQ1_0": 0.37}
 # and the BM = 64 tile (the default `gemm` family at sm_90), the swapped one on a wgmma: the
 # FP4 weights from their bits reach it in registers (looked up in nibble-group order they went
 # through shared memory, 128 stores a step): MXFP4 0.46 -> 0.59, NVFP4 0.57 -> 0.71 (each
@@ -295,15 +296,15 @@ BF16_TILE_FLOORS = {
     "gemm_m16": {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q4_K": 0.85, "Q5_K": 0.95,
                  "Q6_K": 0.95, "Q2_K": 0.48, "Q3_K": 0.39, "MXFP4": 0.64, "NVFP4": 0.68,
                  "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35, "IQ3_XXS": 0.4, "IQ3_S": 0.41,
-                 "IQ4_NL": 0.7, "IQ4_XS": 0.65, "IQ1_S": 0.21, "TQ2_0": 0.55, "IQ1_M": 0.24},
-    # (the 64-row tiles of Q2_K, Q3_K, IQ1_S, IQ1_M, TQ2_0 and the grid types take the float32 function,
-    # IQ4_XS's its nibble groups: wide_f16; IQ4's kvalues looked up as bfloat16 bits,
+                 "IQ4_NL": 0.7, "IQ4_XS": 0.65, "IQ1_S": 0.21, "TQ2_0": 0.55, "IQ1_M": 0.24, "TQ1_0": 0.37},
+    # (the 64-row tiles of Q2_K, Q3_K, IQ1_S, IQ1_M, TQ1_0, TQ2_0 and the grid types take the float32
+    # function, IQ4_XS's its nibble groups: wide_f16; IQ4's kvalues looked up as bfloat16 bits,
     # fields.lookup16_bf16: IQ4_NL 0.60 / 0.52 -> 0.73 / 0.65, IQ4_XS 0.55 / 0.31 -> 0.68 / 0.47;
     # IQ4_XS's nibble groups' table words as registers, fields.lookup16_half: 0.47 -> 0.54)
     "gemm": {"Q4_0": 0.9, "Q4_1": 0.9, "Q5_0": 0.8, "Q5_1": 0.88, "Q4_K": 0.75, "Q5_K": 0.8,
              "Q6_K": 0.95, "Q2_K": 0.25, "Q3_K": 0.29, "MXFP4": 0.62, "NVFP4": 0.75,
              "IQ2_XXS": 0.12, "IQ2_XS": 0.13, "IQ2_S": 0.15, "IQ3_XXS": 0.18, "IQ3_S": 0.2,
-             "IQ4_NL": 0.62, "IQ4_XS": 0.53, "IQ1_S": 0.09, "TQ2_0": 0.25, "IQ1_M": 0.1}}
+             "IQ4_NL": 0.62, "IQ4_XS": 0.53, "IQ1_S": 0.09, "TQ2_0": 0.25, "IQ1_M": 0.1, "TQ1_0": 0.11}}
 
 
 @pytest.fixture(scope="module")
