@@ -554,7 +554,9 @@ def x_sum(SB, AT: tl.constexpr, COUNT: tl.constexpr):
 # --- GEMV with int8 x (types whose weights are too few bits for a float per weight) ---
 #
 # A 2- or 3-bit weight leaves the GEMV about 3 instructions per weight at the H200 budget,
-# and a float multiply-add of each weight spends that on its own. For those types x is
+# and a float multiply-add of each weight spends that on its own. A 4-bit code that indexes
+# a table (MXFP4, NVFP4, IQ4_NL, IQ4_XS) costs a gather and a float multiply-add a weight; as int8
+# the table's values come 8 a word by PRMTs (lookup16_nibbles_int8), 4 a DP4A. For those types x is
 # quantized per 32 values to int8 once per call (prepare_x_q8_kernel, as gguf-py's Q8_0 and
 # llama.cpp's q8_1 do) and 4 weights at a time are multiplied by one DP4A: a mask puts 4
 # fields, one per byte, where DP4A reads them. The block's x is then XSTRIDE bytes:
@@ -588,6 +590,72 @@ def lookup16_words(values) -> tuple[int, int, int, int]:
     assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
     words = (sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4))
     return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+
+
+def int8_words(values) -> tuple[int, int, int, int]:
+    """A table of 16 int8 values as 4 int32 words of their bytes (value k in byte k % 4 of
+    word k // 4), for lookup16_nibbles_int8."""
+    assert len(values) == 16 and all(-128 <= int(v) < 128 for v in values)
+    table = [int(v) & 0xFF for v in values]
+    words = (sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4))
+    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+
+
+# A word's 8 nibble codes ($2: byte b's low nibble, then its high one) -> their values in a
+# 16-entry int8 table (4 registers of its bytes, $3..$6) as signed bytes for DP4A: the low
+# nibbles' in $0, the high ones' in $1, each in byte order. Each half of 4 codes is looked up
+# by two PRMTs (codes 0-7 in the table's first two words, 8-15 in its last two; bit 3 of a
+# PRMT selector would replicate a sign instead, so it is masked off), a third picks by bit 3,
+# two more put the low and the high nibbles' values apart (llama.cpp's
+# get_int_from_table_16 does the same): 13 instructions for 8 weights
+LOOKUP16_NIBBLES_INT8_PTX = tl.constexpr(
+    "{ .reg .b32 q, s, l, h, a, b; "
+    "and.b32 q, $2, 0x77777777; shr.u32 s, $2, 1; and.b32 s, s, 0x44444444; or.b32 s, s, 0x32103210; "
+    "prmt.b32 l, $3, $4, q; prmt.b32 h, $5, $6, q; prmt.b32 a, l, h, s; "
+    "shr.u32 q, q, 16; shr.u32 s, s, 16; "
+    "prmt.b32 l, $3, $4, q; prmt.b32 h, $5, $6, q; prmt.b32 b, l, h, s; "
+    "prmt.b32 $0, a, b, 0x6420; prmt.b32 $1, a, b, 0x7531; }")
+
+
+@triton.jit
+def lookup16_nibbles_int8(w, TABLE, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                          T3: tl.constexpr, Z):
+    """int32 words of 8 nibble codes each -> (low nibbles' values, high nibbles' values), int32
+    words of 4 signed bytes each (LOOKUP16_NIBBLES_INT8_PTX): T0..T3 = int8_words(VALUES);
+    TABLE holds VALUES as int32 from word 0, for the interpreter. Z: a zero that keeps the
+    table words in registers (opaque_zero)."""
+    if INTERPRETED:
+        lo = w & 0
+        hi = w & 0
+        for i in tl.static_range(4):
+            vl = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + ((w >> (8 * i)) & 15))
+            vh = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + ((w >> (8 * i + 4)) & 15))
+            lo |= (vl & 0xFF) << (8 * i)
+            hi |= (vh & 0xFF) << (8 * i)
+        return lo, hi
+    else:
+        return tl.inline_asm_elementwise(LOOKUP16_NIBBLES_INT8_PTX, "=r,=r,r,r,r,r,r",
+                                         [w, T0 + Z, T1 + Z, T2 + Z, T3 + Z],
+                                         dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def lookup_run_dot_int8(TABLE, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                        T3: tl.constexpr, P, j, rows, mask, N, XB, COUNT: tl.constexpr, FIRST):
+    """lookup_run_dot with int8 x: sum(table[q] x) as int32 over a run of 16 bytes of nibbles
+    (words FIRST..FIRST+3 of a field of COUNT words; byte i: weights i and 16 + i) times
+    x[0..31] at XB (int8), the table's values int8 (T0..T3 = int8_words(VALUES)): 8 codes a
+    lookup16_nibbles_int8, 4 weights a DP4A."""
+    w = words4(P, j, rows, mask, N, COUNT, FIRST)
+    xl = x8_words(XB, 0)
+    xh = x8_words(XB, 16)
+    Z = opaque_zero(N)
+    acc = tl.zeros(rows.shape, tl.int32)
+    for c in tl.static_range(4):
+        lo, hi = lookup16_nibbles_int8(w[c], TABLE, T0, T1, T2, T3, Z)
+        acc = dot4(lo, xl[c], acc, A_SIGNED=True)
+        acc = dot4(hi, xh[c], acc, A_SIGNED=True)
+    return acc
 
 
 # lookup16_ptx's lookup of 4 codes ($1) in a table given as 4 registers ($2..$5): the two

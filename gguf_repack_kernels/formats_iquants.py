@@ -45,6 +45,7 @@ from .fields import (
     fragment_order_runs8,
     gather_word_pairs,
     gather_words,
+    int8_words,
     lookup16,
     lookup16_bf16,
     lookup16_bf16_words,
@@ -52,8 +53,7 @@ from .fields import (
     lookup16_nibbles,
     lookup16_ptx,
     lookup16_words,
-    lookup_run_dot,
-    lookup_table,
+    lookup_run_dot_int8,
     mac_bf16,
     nibbles,
     opaque_zero,
@@ -264,10 +264,16 @@ def scale_2bit(d, s):
 # -- 4-bit non-linear ------------------------------------------------------------------
 
 
+# the kvalues as 4 words of int8 bytes (fields.lookup16_nibbles_int8)
+K8W0, K8W1, K8W2, K8W3 = (tl.constexpr(w) for w in int8_words(_kvalues()))
+
+
 @triton.jit
 def iq4_nl_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    s = lookup_run_dot(lookup_table(TABLE, 16), P1, j, rows, mask, N, XB, 4, 0)
-    return scale_f16(P0, j, rows, mask, N) * s
+    """IQ4_NL (int8 x): the kvalues as int8, 8 a lookup and 4 a DP4A
+    (fields.lookup_run_dot_int8), times d and x's scale."""
+    s = lookup_run_dot_int8(TABLE, K8W0, K8W1, K8W2, K8W3, P1, j, rows, mask, N, XB, 4, 0)
+    return (scale_f16(P0, j, rows, mask, N) * x8_scale(XB, 32, 0)) * s.to(tl.float32)
 
 
 @triton.jit
@@ -309,8 +315,8 @@ def iq4_nl_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
         return iq4_nl_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
 
 
-@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, dequant_half=iq4_nl_half,
-          f16_nibble_run=-1)
+@register("IQ4_NL", 32, ("d", "qs"), table=_table(_kvalues), dot=iq4_nl_dot, x_int8=True,
+          dequant_half=iq4_nl_half, f16_nibble_run=-1)
 @triton.jit
 def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16(P0, j, rows, mask, N)
@@ -319,19 +325,21 @@ def iq4_nl(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 @triton.jit
 def iq4_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """The 256 // PARTS weights of part `part`: 8 sub-blocks of 32 in all, each 16 qs bytes
-    (low nibbles, then high ones) and a 6-bit scale less 32, its low 4 bits in scales_l and
-    its high 2 in scales_h."""
+    """The 256 // PARTS weights of part `part` (int8 x): 8 sub-blocks of 32 in all, each 16 qs
+    bytes (low nibbles, then high ones) and a 6-bit scale less 32, its low 4 bits in scales_l
+    and its high 2 in scales_h; a sub-block's kvalues times x as iq4_nl_dot's."""
     SUBS: tl.constexpr = 8 // PARTS
-    table = lookup_table(TABLE, 16)
     high_bits = row_u16(P1, j, rows, mask, N)
     low_bits = row_word(P2, j, rows, mask, N, 1, 0)
     acc = tl.zeros(rows.shape, tl.float32)
     for t in tl.static_range(SUBS):
         sub = SUBS * part + t
-        s = lookup_run_dot(table, P3, j, rows, mask, N, XB + 32 * sub, 32, 4 * sub)
+        # int8 x: the sub-block's 32 values at XB + 32 sub, their scale after the block's 256
+        s = lookup_run_dot_int8(TABLE, K8W0, K8W1, K8W2, K8W3, P3, j, rows, mask, N, XB + 32 * sub, 32,
+                                4 * sub)
+        x_scale = tl.load((XB + 256).to(tl.pointer_type(tl.float32)) + sub)
         scale = ((low_bits >> (4 * sub)) & 15) | (((high_bits >> (2 * sub)) & 3) << 4)
-        acc += (scale - 32).to(tl.float32) * s
+        acc += ((scale - 32).to(tl.float32) * x_scale) * s.to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * acc
 
 
@@ -404,7 +412,7 @@ def iq4_xs_half_nibble_groups(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: t
 
 
 @register("IQ4_XS", 256, ("d", "scales_h", "scales_l", "qs"), table=_table(_kvalues),
-          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), dequant_half=iq4_xs_half,
+          dot=iq4_xs_dot, dot_parts=(1, 2, 4, 8), x_int8=True, dequant_half=iq4_xs_half,
           f16_nibble_run=-1, wide_f16=(iq4_xs_half_nibble_groups, 16))
 @triton.jit
 def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):

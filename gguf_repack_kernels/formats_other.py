@@ -16,6 +16,7 @@ from .fields import (
     bf16_pair_words,
     bits_at,
     concat,
+    dot4,
     dot4_2bit,
     f16_halves,
     field_bytes,
@@ -23,11 +24,11 @@ from .fields import (
     field_run,
     field_word,
     fragment_order_256,
+    int8_words,
     lookup16,
+    lookup16_nibbles_int8,
     lookup16_ptx,
-    lookup_run_dot,
-    lookup_table,
-    mac_lookup_nibbles,
+    lookup_run_dot_int8,
     nibbles,
     opaque_zero,
     row_u8,
@@ -40,6 +41,7 @@ from .fields import (
     words4,
     x4,
     x8_scale,
+    x8_words,
     x_sum,
 )
 from .formats_kquants import by_thread_and_field, qs_fields_half
@@ -400,10 +402,15 @@ def nvfp4_table(device: torch.device) -> torch.Tensor:
     return torch.from_numpy(words).to(device)
 
 
+E2M1_W0, E2M1_W1, E2M1_W2, E2M1_W3 = (tl.constexpr(w) for w in int8_words(E2M1_DOUBLED))
+
+
 @triton.jit
 def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    s = lookup_run_dot(lookup_table(TABLE, 16), P1, j, rows, mask, N, XB, 4, 0)
-    return e8m0_half(row_u8(P0, j, rows, mask, N)) * s
+    """MXFP4 (int8 x): the doubled E2M1 values as int8, 8 a lookup and 4 a DP4A
+    (fields.lookup_run_dot_int8), times 2**(e - 128) and x's scale."""
+    s = lookup_run_dot_int8(TABLE, E2M1_W0, E2M1_W1, E2M1_W2, E2M1_W3, P1, j, rows, mask, N, XB, 4, 0)
+    return (e8m0_half(row_u8(P0, j, rows, mask, N)) * x8_scale(XB, 32, 0)) * s.to(tl.float32)
 
 
 @triton.jit
@@ -443,7 +450,7 @@ def mxfp4_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
         return mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
 
 
-@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, dequant_half=mxfp4_half)
+@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, x_int8=True, dequant_half=mxfp4_half)
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]
@@ -452,22 +459,27 @@ def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 @triton.jit
 def nvfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """Four sub-blocks of 16: sub-block s is qs bytes 8s..8s+7 (weights 16s + i in the low
-    nibbles, 16s + 8 + i in the high ones) and byte s of d, its UE4M3 scale."""
-    table = lookup_table(TABLE, 16)
+    """NVFP4 (int8 x): four sub-blocks of 16, sub-block s qs bytes 8s..8s+7 (weights 16s + i
+    in the low nibbles, 16s + 8 + i in the high ones) and byte s of d, its UE4M3 scale; the
+    doubled E2M1 values as int8, 8 a lookup and 4 a DP4A (fields.lookup16_nibbles_int8), each
+    sub-block's sum times its scale, each 32's times x's."""
     scales = row_word(P0, j, rows, mask, N, 1, 0)
+    Z = opaque_zero(N)
     acc = tl.zeros(rows.shape, tl.float32)
     for half in tl.static_range(2):
         w = words4(P1, j, rows, mask, N, 8, 4 * half)
+        by_scale = tl.zeros(rows.shape, tl.float32)
         for t in tl.static_range(2):
             s = 2 * half + t
-            low = tl.zeros(rows.shape, tl.float32)
-            high = tl.zeros(rows.shape, tl.float32)
-            for c in tl.static_range(2):
-                low, high = mac_lookup_nibbles(low, high, w[2 * t + c], table, XB,
-                                               16 * s + 4 * c, 16 * s + 8 + 4 * c)
+            xs = x8_words(XB, 16 * s)  # x[16s..16s+15]
+            isum = tl.zeros(rows.shape, tl.int32)
+            for c in tl.static_range(2):  # byte b of word 2t + c: byte 4c + b of the sub-block
+                lo, hi = lookup16_nibbles_int8(w[2 * t + c], TABLE, E2M1_W0, E2M1_W1, E2M1_W2, E2M1_W3, Z)
+                isum = dot4(lo, xs[c], isum, A_SIGNED=True)
+                isum = dot4(hi, xs[2 + c], isum, A_SIGNED=True)
             scale = tl.load(TABLE.to(tl.pointer_type(tl.float32)) + 16 + ((scales >> (8 * s)) & 0xFF))
-            acc += scale * (low + high)
+            by_scale += scale * isum.to(tl.float32)
+        acc += x8_scale(XB, 64, 32 * half) * by_scale
     return acc
 
 
@@ -493,7 +505,7 @@ def nvfp4_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return tl.reshape(tl.reshape(q, (rows.shape[0], 4, 16)) * scale, (rows.shape[0], 64))
 
 
-@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, dequant_half=nvfp4_half)
+@register("NVFP4", 64, ("d", "qs"), table=nvfp4_table, dot=nvfp4_dot, x_int8=True, dequant_half=nvfp4_half)
 @triton.jit
 def nvfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # each sub-block of 16 weights has its own scale byte

@@ -700,6 +700,31 @@ def test_trit_pair_ptx_reads_each_lanes_leading_base_3_digit():
         assert np.array_equal(half.astype(np.float64), 1026.0 + ((y * 3) >> 8))
 
 
+@pytest.mark.parametrize("name", ["MXFP4", "IQ4_NL"])
+def test_nibble_lookup_ptx_gives_each_codes_int8_value_in_order(name):
+    """fields.lookup16_nibbles_int8's inline PTX (the int8-x GEMV of MXFP4, IQ4_NL and IQ4_XS),
+    run by tests/ptx_emulator.py on random words and every code: each byte's low nibble's
+    table value in that byte of the first result, its high nibble's in the second, as signed
+    bytes; the tables as gguf-py has them (doubled E2M1 values, IQ4's kvalues). PRMT's sign
+    replication (a selector's bit 3) is what the masks keep out."""
+    from ptx_emulator import run
+
+    from gguf_repack_kernels.fields import LOOKUP16_NIBBLES_INT8_PTX, int8_words
+
+    values = {"MXFP4": [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+              "IQ4_NL": gguf.quants.IQ4_NL.kvalues}[name]
+    values = [int(v) for v in values]
+    words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    words = np.concatenate([words, np.arange(16, dtype=np.uint32) * np.uint32(0x11111111)])
+    table = {f"${3 + i}": np.full_like(words, w & 0xFFFFFFFF) for i, w in enumerate(int8_words(values))}
+    regs = run(LOOKUP16_NIBBLES_INT8_PTX.value, {"$2": words, **table})
+    lut = np.array(values, np.int64)
+    for out, shift in (("$0", 0), ("$1", 4)):
+        got = regs[out].view(np.int8).reshape(-1, 4).astype(np.int64)
+        codes = (words.view(np.uint8).reshape(-1, 4) >> shift) & 15
+        assert np.array_equal(got, lut[codes]), name
+
+
 def test_byte_lanes_ptx_puts_a_words_byte_pairs_in_16_bit_lanes():
     """formats_other.byte_lanes' inline PTX, run by tests/ptx_emulator.py on random words, as
     its interpreter twin: bytes 0, 1 of each word in the low and high 16-bit lanes of the

@@ -40,9 +40,10 @@ def test_every_family_and_type_compiled_for_both_archs(ptx_rows):
 # GEMV (dot kernels, M = 1 and M = 8) never spills in its K loop. Outside it, for two types at
 # sm_80 ptxas (Triton 3.9's, --regAllocOptLevel=2) parks a few bytes of the split-K finish's
 # shared-memory addresses (split_k.py) in local memory: stored and loaded once a program,
-# against thousands of loop instructions.
+# against thousands of loop instructions; and IQ4_XS's at sm_90 (2 bytes, at its 72
+# registers, since its dot function takes int8 x), dense and expert alike.
 KNOWN_SPILLS = {("gemm", 80), ("gemv (raw GGUF blocks)", 90)}
-GEMV_EPILOGUE_SPILLS = {("Q4_K", 80), ("IQ2_XXS", 80)}
+GEMV_EPILOGUE_SPILLS = {("Q4_K", 80), ("IQ2_XXS", 80), ("IQ4_XS", 90)}
 # Likewise Q4_1's BM = 16 tile at sm_90, at the 64 registers ptxas gives it since the tiles load
 # without masks (gemm.py): two words of thread-id arithmetic, stored before the K loop and
 # loaded after it, once a program; and IQ1_S's (3 bytes), at the 128 registers ptxas gives it since
@@ -197,9 +198,12 @@ def test_exact_families_have_no_fused_multiply_add(ptx_rows):
 # The decode GEMV (M = 1, sm_90): the fraction of an H200's bandwidth its instruction issue
 # allows, read off the SASS of its main loop (budget 0.218 warp-instructions per weight byte,
 # gguf_repack_kernels/aot.py). The floors the decode-kernel issue set: 0.9 for the main types, 0.7 for
-# the low-bit and table types, 0.4 for the rest.
+# the low-bit and table types, 0.4 for the rest. MXFP4, NVFP4, IQ4_NL and IQ4_XS with int8 x,
+# their values looked up 8 at a time (fields.lookup16_nibbles_int8, BENCHMARKS.md "The 4-bit
+# table types' GEMV with int8 x"): 0.78 / 0.81 / 0.85 / 0.76 -> 1.0.
 ISSUE_FLOORS = {**dict.fromkeys(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"], 0.9),
-                **dict.fromkeys(["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"], 0.7)}
+                **dict.fromkeys(["Q2_K", "Q3_K"], 0.7),
+                **dict.fromkeys(["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"], 0.95)}
 MAIN_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -222,7 +226,7 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
     be 4 FFMA per IDP; what is left is per 16 or 32 weights)."""
     rows = decode_rows(ptx_rows)
     int8_types = [n for n, f in kernels.FORMATS.items() if f.x_int8]
-    assert {"Q2_K", "Q3_K", "IQ1_S"} <= set(int8_types)
+    assert {"Q2_K", "Q3_K", "IQ1_S", "MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS"} <= set(int8_types)
     for name in int8_types:
         ops = rows[name]["loop_opcodes"]
         assert ops.get("IDP", 0) >= 2 * ops.get("FFMA", 0) > 0, (name, ops)
@@ -508,7 +512,9 @@ def test_expert_decode_gemv_is_bound_as_the_dense_gemv(expert_rows, ptx_rows):
     dense = decode_rows(ptx_rows)
     assert set(expert_rows) == set(EXPERT_TYPES)
     for name, r in expert_rows.items():
-        assert r["spills"] == 0, r
+        # (or the dense GEMV's few bytes outside its loop, as test_no_local_memory_spills reads them)
+        assert r["spills"] == 0 or ((name, 90) in GEMV_EPILOGUE_SPILLS
+                                    and r["spills"] <= dense[name]["spills"] <= 16), (r, dense[name])
         assert r["bandwidth_bound"] >= dense[name]["bandwidth_bound"] - 0.05, (name, r, dense[name])
 
 
@@ -516,10 +522,12 @@ def test_expert_decode_gemv_is_bound_as_the_dense_gemv(expert_rows, ptx_rows):
 # The expert products by the estimate (scripts/estimate_paths.py --experts, BENCHMARKS.md
 # "Expert products by rows an expert"), on Qwen3-30B-A3B's and DeepSeek-V3's expert stacks at
 # 1-512 tokens: what the rule reaches today at 1-16 rows an expert (the lowest fraction of the
-# ideal: Q4_0 0.64, Q8_0 1.00, Q4_K 0.63, Q6_K 0.83, IQ4_XS 0.53, MXFP4 0.48; #31's goal is
+# ideal: Q4_0 0.64, Q8_0 1.00, Q4_K 0.63, Q6_K 0.83, IQ4_XS 0.61, MXFP4 0.62; #31's goal is
 # 0.8), held so that no change slips back. Before the rule every type took the GEMV a pair
-# up to 8 rows an expert, each pair reading its expert again: 0.18-0.25 at 4 rows.
-EXPERT_IDEAL_FLOORS = {"Q4_0": 0.6, "Q8_0": 0.95, "Q4_K": 0.6, "Q6_K": 0.8, "IQ4_XS": 0.5, "MXFP4": 0.45}
+# up to 8 rows an expert, each pair reading its expert again: 0.18-0.25 at 4 rows. (IQ4_XS
+# and MXFP4 0.53 and 0.48 before their GEMV took int8 x, BENCHMARKS.md "The 4-bit table
+# types' GEMV with int8 x".)
+EXPERT_IDEAL_FLOORS = {"Q4_0": 0.6, "Q8_0": 0.95, "Q4_K": 0.6, "Q6_K": 0.8, "IQ4_XS": 0.58, "MXFP4": 0.58}
 
 
 @pytest.mark.slow
@@ -527,8 +535,8 @@ def test_expert_products_take_the_estimates_rule_and_hold_their_floors(expert_es
     """configs.MOE_RULE is the rule the estimate fits today (one rule a type, scripts/
     estimate_paths.py's expert_rule); the path each estimate names is dispatch.expert_path's;
     at 1-16 rows an expert the dispatched path reaches EXPERT_IDEAL_FLOORS of the ideal; and
-    from 2 rows an expert on, it is estimated at least 1.5x the GEMV a pair (which reads each
-    expert once a pair)."""
+    from 2 rows an expert on, it is estimated at least 1.4x the GEMV a pair (which reads each
+    expert once a pair; MXFP4's GEMV with int8 x leaves its BM = 32 tile 1.41x at 2.3 rows)."""
     estimates, rules = expert_estimates["estimates"], expert_estimates["rules"]
     assert set(estimates) == set(EXPERT_TYPES) == set(EXPERT_IDEAL_FLOORS)
     for name, by_stack in estimates.items():
@@ -541,7 +549,7 @@ def test_expert_products_take_the_estimates_rule_and_hold_their_floors(expert_es
                 if e["rows_per_expert"] <= 16.01:
                     assert e["fraction_of_ideal"] >= EXPERT_IDEAL_FLOORS[name], (name, e)
                 if e["rows_per_expert"] >= 2.0:
-                    assert e["times_us"]["gemv"] >= 1.5 * e["times_us"][e["tile"]], (name, e)
+                    assert e["times_us"]["gemv"] >= 1.4 * e["times_us"][e["tile"]], (name, e)
 
 # --- Shared memory of every tile the dispatcher launches, against its device's limit -----
 
@@ -688,7 +696,8 @@ def test_every_launched_tile_fits_its_devices_shared_memory(ptx_rows):
                     expert[1] == {k: v for k, v in dense[1].items() if k != "SPLIT_K"}:
                 assert expert[0] <= dense[0], (n, a, expert, dense)
                 compared.append((n, a))
-    assert "TQ1_0" in no_f16 and sum(n in ("Q4_0", "Q4_K") for n, _ in compared) == 10, compared
+    # (every type has a half-precision function since TQ1_0's: the grouping waits for a new type)
+    assert not no_f16 and sum(n in ("Q4_0", "Q4_K") for n, _ in compared) == 10, compared
     # the allocation alone counts what a whole compile does (the samples' float16 tiles at
     # sm_80 and sm_90 against the module's whole compiles of them, read off above)
     for n in ("Q4_0", "Q4_K", "TQ1_0"):
