@@ -30,7 +30,6 @@ from .fields import (
     byte_pairs_f16,
     byte_pairs_scaled_f16,
     byte_pairs_times_f16,
-    concat,
     dot4,
     f16_halves,
     f16_pair_word,
@@ -119,10 +118,10 @@ def _grid(name):
     return lambda: _grid_words(name)
 
 
-# The GEMV's (dot functions') tables, after the dequant tables: grid rows as bfloat16, two
-# values a word (every grid value, and IQ1's grid +- 1/8, is exact in bfloat16), and for each
-# sign byte its 8 bits as bfloat16 sign bits (0x8000 where set), so that one XOR applies the
-# signs of two weights and one shift or mask per weight makes them float32.
+# The GEMV's (dot functions') tables, after the dequant tables: for IQ1_M (float x) grid rows
+# as bfloat16, two values a word (IQ1's grid +- 1/8 is exact in bfloat16); for the IQ2 and IQ3
+# types (int8 x, the byte grid 4 weights a DP4A) each sign byte's 8 bits as byte masks, which
+# pick the negative weights' bytes out of a grid row (signed_row8_dot_int8).
 
 
 def _grid16(name, deltas=(0.0,)):
@@ -139,24 +138,26 @@ def _grid16(name, deltas=(0.0,)):
     return part
 
 
-def _sign_bits16(sign_bytes):
-    def part():
-        bits = (sign_bytes()[:, None] >> np.arange(8)[None, :]) & 1
-        return (bits.astype(np.uint16) << 15).view("<i4").reshape(-1).astype(np.int32)
-
-    return part
-
-
 def _all_sign_bytes() -> np.ndarray:
     return np.arange(256, dtype=np.int32)
 
 
+def _sign_masks8(sign_bytes):
+    """For each sign byte its 8 bits as byte masks, two words (0xFF a byte where set): what
+    an int8-x GEMV ANDs a grid row's bytes with (signed_row8_dot_int8)."""
+    def part():
+        bits = (sign_bytes()[:, None] >> np.arange(8)[None, :]) & 1
+        return (bits.astype(np.uint8) * np.uint8(0xFF)).view("<i4").reshape(-1).astype(np.int32)
+
+    return part
+
+
 def _grid_table(name, signs=None, dequant_ksigns=False, gemv_grid16=True):
     """(table function, word offset of the GEMV's grid, word offset of the GEMV's signs)
-    of grid type `name`: the dequant's parts ([ksigns,] grid as bytes), then the GEMV's
-    (grid as bfloat16, for IQ1_M grid + 1/8 then grid - 1/8; [signs as sign bits of
-    ksigns or of every byte]). A GEMV on int8 x (IQ1_S) reads the byte grid and needs no
-    bfloat16 one."""
+    of grid type `name`: the dequant's parts ([ksigns,] grid as bytes), then the GEMV's:
+    for IQ1_M, whose GEMV multiplies float x, the grid as bfloat16 (grid + 1/8, then grid -
+    1/8); for the GEMVs on int8 x (IQ1_S, the IQ2 and IQ3 types) no bfloat16 grid (they read
+    the byte grid), and [the byte masks of each sign byte: of ksigns, or of every byte]."""
     import gguf.quants
 
     rows, width = getattr(gguf.quants, name).grid_shape
@@ -165,17 +166,17 @@ def _grid_table(name, signs=None, dequant_ksigns=False, gemv_grid16=True):
     if gemv_grid16:
         parts.append(_grid16(name, deltas))
     grid16_at = (128 if dequant_ksigns else 0) + rows * width // 4
-    signs_at = grid16_at + len(deltas) * rows * width // 2
+    signs_at = grid16_at + (len(deltas) * rows * width // 2 if gemv_grid16 else 0)
     if signs is not None:
-        parts.append(_sign_bits16(signs))
+        parts.append(_sign_masks8(signs))
     return _table(*parts), tl.constexpr(grid16_at), tl.constexpr(signs_at)
 
 
-IQ2_XXS_TABLE, IQ2_XXS_GRID16, IQ2_XXS_SIGNS16 = _grid_table("IQ2_XXS", _ksigns, True)
-IQ2_XS_TABLE, IQ2_XS_GRID16, IQ2_XS_SIGNS16 = _grid_table("IQ2_XS", _ksigns, True)
-IQ2_S_TABLE, IQ2_S_GRID16, IQ2_S_SIGNS16 = _grid_table("IQ2_S", _all_sign_bytes)
-IQ3_XXS_TABLE, IQ3_XXS_GRID16, IQ3_XXS_SIGNS16 = _grid_table("IQ3_XXS", _ksigns, True)
-IQ3_S_TABLE, IQ3_S_GRID16, IQ3_S_SIGNS16 = _grid_table("IQ3_S", _all_sign_bytes)
+IQ2_XXS_TABLE, _, IQ2_XXS_SIGN_MASKS = _grid_table("IQ2_XXS", _ksigns, True, gemv_grid16=False)
+IQ2_XS_TABLE, _, IQ2_XS_SIGN_MASKS = _grid_table("IQ2_XS", _ksigns, True, gemv_grid16=False)
+IQ2_S_TABLE, _, IQ2_S_SIGN_MASKS = _grid_table("IQ2_S", _all_sign_bytes, gemv_grid16=False)
+IQ3_XXS_TABLE, _, IQ3_XXS_SIGN_MASKS = _grid_table("IQ3_XXS", _ksigns, True, gemv_grid16=False)
+IQ3_S_TABLE, _, IQ3_S_SIGN_MASKS = _grid_table("IQ3_S", _all_sign_bytes, gemv_grid16=False)
 IQ1_S_TABLE, _, _ = _grid_table("IQ1_S", gemv_grid16=False)
 IQ1_M_TABLE, IQ1_M_GRID16, _ = _grid_table("IQ1_M")
 
@@ -425,14 +426,6 @@ def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def signed_row(g, TABLE, SIGNS16: tl.constexpr, sidx):
-    """Grid row g (bfloat16 pairs, int32 [R, 4]) with the signs of sign byte (or ksigns
-    index) sidx [R]: the sign table's row holds each sign bit in a bfloat16's sign position,
-    so one XOR signs two weights."""
-    return g ^ row_words(TABLE, SIGNS16, sidx, 4)
-
-
-@triton.jit
 def mac_row8(acc, g, XB, AT: tl.constexpr):
     """acc + the 8 bfloat16 values of g (int32 [R, 4], two a word) times x[AT..AT+7]: one
     conversion and one FFMA a weight."""
@@ -442,56 +435,77 @@ def mac_row8(acc, g, XB, AT: tl.constexpr):
 
 
 @triton.jit
-def mac_signed_row8(acc, TABLE, GRID16: tl.constexpr, idx, SIGNS16: tl.constexpr, sidx, XB,
-                    AT: tl.constexpr):
-    """acc + row idx of an 8-wide grid, signed by sign byte (or ksigns index) sidx, times
-    x[AT..AT+7]."""
-    g = signed_row(row_words(TABLE, GRID16, idx, 4), TABLE, SIGNS16, sidx)
-    return mac_row8(acc, g, XB, AT)
+def signed_row8_dot_int8(total, negative, TABLE, GRID: tl.constexpr, idx, MASKS: tl.constexpr, sidx,
+                         x0, x1):
+    """(total + grid row idx times x, negative + the row where signed times x), 8 weights:
+    the row's 8 bytes from the byte grid at word GRID (two words, 4 a DP4A), its signs'
+    byte masks row sidx of the table at word MASKS (_sign_masks8: one gather, where making
+    them from the sign byte took some 10 instructions, 3 of them its parity). sum(grid signs x) =
+    total - 2 negative: no byte negated."""
+    g0, g1 = tl.split(row_words(TABLE, GRID, idx, 2))
+    m0, m1 = tl.split(row_words(TABLE, MASKS, sidx, 2))
+    total = dot4(g0, x0, total, True)
+    total = dot4(g1, x1, total, True)
+    negative = dot4(g0 & m0, x0, negative, True)
+    return total, dot4(g1 & m1, x1, negative, True)
 
 
 @triton.jit
 def iq2_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """IQ2_XXS: 8 groups of 32 weights, each two qs words: 4 grid row numbers (a byte per 8
-    weights), then 4 seven-bit ksigns indices and the group's 4-bit scale s on top;
-    d * (0.5 + s) * 0.25 * sum(grid * signs * x) per group."""
+    """IQ2_XXS (int8 x): 8 groups of 32 weights, each two qs words: 4 grid row numbers (a
+    byte per 8 weights), then 4 seven-bit ksigns indices (their sign byte: the index, its
+    parity at bit 7, ksigns_byte) and the group's 4-bit scale s on top;
+    d * (0.5 + s) * 0.25 * sum(grid * signs * x) per group, the grid rows as bytes (the
+    dequant's, after its 128 ksigns words), 4 weights a DP4A (signed_row8_dot_int8)."""
     acc = tl.zeros(rows.shape, tl.float32)
     for c in tl.static_range(4):
         w = words4(P1, j, rows, mask, N, 16, 4 * c)
         for h in tl.static_range(2):
-            s = tl.zeros(rows.shape, tl.float32)
+            g = 2 * c + h
+            total = tl.zeros(rows.shape, tl.int32)
+            negative = tl.zeros(rows.shape, tl.int32)
             for r in tl.static_range(4):
-                s = mac_signed_row8(s, TABLE, IQ2_XXS_GRID16, bits_at(w[2 * h], 8 * r, 8, 0),
-                                    IQ2_XXS_SIGNS16, bits_at(w[2 * h + 1], 7 * r, 7, 0), XB,
-                                    64 * c + 32 * h + 8 * r)
-            acc += (shr(w[2 * h + 1], 28).to(tl.float32) + 0.5) * s
+                if r % 2 == 0:
+                    xw = x8_words(XB, 32 * g + 8 * r)  # x of rows r and r + 1
+                total, negative = signed_row8_dot_int8(
+                    total, negative, TABLE, 128, bits_at(w[2 * h], 8 * r, 8, 0), IQ2_XXS_SIGN_MASKS,
+                    bits_at(w[2 * h + 1], 7 * r, 7, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1])
+            scale = (shr(w[2 * h + 1], 28).to(tl.float32) + 0.5) * x8_scale(XB, 256, 32 * g)
+            acc += scale * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
 
 
 @triton.jit
 def iq2_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """IQ2_XS: a 16-bit qs value per 8 weights (9-bit grid row, 7-bit ksigns index), a 4-bit
-    scale s per 16 (scales nibble c for qs word c): d * (0.5 + s) * 0.25 * sum(grid * signs * x)."""
+    """IQ2_XS (int8 x): a 16-bit qs value per 8 weights (9-bit grid row, 7-bit ksigns index),
+    a 4-bit scale s per 16 (scales nibble c for qs word c): d * (0.5 + s) * 0.25 *
+    sum(grid * signs * x), 4 weights a DP4A (signed_row8_dot_int8)."""
     sc0, sc1 = words2(P2, j, rows, mask, N, 2, 0)
     acc = tl.zeros(rows.shape, tl.float32)
     for q in tl.static_range(4):
         w = words4(P1, j, rows, mask, N, 16, 4 * q)
         for c in tl.static_range(4):
-            s = tl.zeros(rows.shape, tl.float32)
+            if c % 2 == 0:
+                xw = x8_words(XB, 64 * q + 16 * c)  # x of these 16 weights and the next 16
+                xs = x8_scale(XB, 256, 64 * q + 16 * c)
+            else:
+                xw = x8_words(XB, 64 * q + 16 * c)
+            total = tl.zeros(rows.shape, tl.int32)
+            negative = tl.zeros(rows.shape, tl.int32)
             for h in tl.static_range(2):
-                s = mac_signed_row8(s, TABLE, IQ2_XS_GRID16, bits_at(w[c], 16 * h, 9, 0),
-                                    IQ2_XS_SIGNS16, bits_at(w[c], 16 * h + 9, 7, 0), XB,
-                                    64 * q + 16 * c + 8 * h)
+                total, negative = signed_row8_dot_int8(
+                    total, negative, TABLE, 128, bits_at(w[c], 16 * h, 9, 0), IQ2_XS_SIGN_MASKS,
+                    bits_at(w[c], 16 * h + 9, 7, 0), xw[2 * h], xw[2 * h + 1])
             scale = shr(sc0 if q < 2 else sc1, 4 * (4 * (q % 2) + c)) & 15
-            acc += (scale.to(tl.float32) + 0.5) * s
+            acc += ((scale.to(tl.float32) + 0.5) * xs) * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
 
 
 @triton.jit
 def iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """IQ2_S: per 8 weights k, a grid row numbered by qs byte k (low 8 bits) and bits 2k of
-    qh (top 2), and sign byte 32 + k of qs; a 4-bit scale s per 16:
-    d * (0.5 + s) * 0.25 * sum(grid * signs * x)."""
+    """IQ2_S (int8 x): per 8 weights k, a grid row numbered by qs byte k (low 8 bits) and bits
+    2k of qh (top 2), and sign byte 32 + k of qs; a 4-bit scale s per 16:
+    d * (0.5 + s) * 0.25 * sum(grid * signs * x), 4 weights a DP4A (signed_row8_dot_int8)."""
     qh0, qh1 = words2(P2, j, rows, mask, N, 2, 0)
     sc0, sc1 = words2(P3, j, rows, mask, N, 2, 0)
     acc = tl.zeros(rows.shape, tl.float32)
@@ -499,51 +513,70 @@ def iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
         w = words4(P1, j, rows, mask, N, 16, 4 * q)
         sg = words4(P1, j, rows, mask, N, 16, 8 + 4 * q)
         for c in tl.static_range(4):
+            xs = x8_scale(XB, 256, 128 * q + 32 * c)
             for half in tl.static_range(2):
-                s = tl.zeros(rows.shape, tl.float32)
+                xw = x8_words(XB, 128 * q + 32 * c + 16 * half)
+                total = tl.zeros(rows.shape, tl.int32)
+                negative = tl.zeros(rows.shape, tl.int32)
                 for b2 in tl.static_range(2):
                     b = 2 * half + b2
                     idx = (bits_at(w[c], 8 * b, 8, 0)
                            | bits_at(qh0 if q == 0 else qh1, 2 * (4 * c + b), 2, 8))
-                    s = mac_signed_row8(s, TABLE, IQ2_S_GRID16, idx, IQ2_S_SIGNS16,
-                                        bits_at(sg[c], 8 * b, 8, 0), XB, 128 * q + 32 * c + 8 * b)
+                    total, negative = signed_row8_dot_int8(
+                        total, negative, TABLE, 0, idx, IQ2_S_SIGN_MASKS, bits_at(sg[c], 8 * b, 8, 0),
+                        xw[2 * b2], xw[2 * b2 + 1])
                 scale = shr(sc0 if q == 0 else sc1, 4 * (2 * c + half)) & 15
-                acc += (scale.to(tl.float32) + 0.5) * s
+                acc += ((scale.to(tl.float32) + 0.5) * xs) * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
 
 
 @triton.jit
-def grid4_pair(TABLE, GRID16: tl.constexpr, a, b):
-    """Rows a then b of a 4-wide bfloat16 grid, as int32 [R, 4] (two values a word)."""
-    return concat(row_words(TABLE, GRID16, a, 2), row_words(TABLE, GRID16, b, 2))
+def signed_rows4_dot_int8(total, negative, TABLE, MASKS: tl.constexpr, a, b, sidx, x0, x1):
+    """signed_row8_dot_int8 for a 4-wide byte grid (at word 0: one word a row): rows a then
+    b, 8 weights, their signs' byte masks row sidx of the table at word MASKS."""
+    # (each a [R, 1] row reduced, as fields.row_load: a 1-D gather took another layout, and a
+    # shared-memory round trip a value, 258 STS and LDS a loop)
+    g0 = tl.sum(row_words(TABLE, 0, a, 1), axis=1)
+    g1 = tl.sum(row_words(TABLE, 0, b, 1), axis=1)
+    m0, m1 = tl.split(row_words(TABLE, MASKS, sidx, 2))
+    total = dot4(g0, x0, total, True)
+    total = dot4(g1, x1, total, True)
+    negative = dot4(g0 & m0, x0, negative, True)
+    return total, dot4(g1 & m1, x1, negative, True)
 
 
 @triton.jit
 def iq3_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """IQ3_XXS: a grid row (4 wide) per qs byte 0..63; per 32 weights an aux word (qs word
-    16 + group) of 4 seven-bit ksigns indices (one per 8 weights) and a 4-bit scale s on
-    top: d * (0.5 + s) * 0.5 * sum(grid * signs * x)."""
+    """IQ3_XXS (int8 x): a grid row (4 wide) per qs byte 0..63; per 32 weights an aux word
+    (qs word 16 + group) of 4 seven-bit ksigns indices (one per 8 weights) and a 4-bit scale
+    s on top: d * (0.5 + s) * 0.5 * sum(grid * signs * x), 4 weights a DP4A (the byte grid
+    after the dequant's 128 ksigns words)."""
     acc = tl.zeros(rows.shape, tl.float32)
     for c in tl.static_range(4):  # groups 2c, 2c + 1
         w = words4(P1, j, rows, mask, N, 24, 4 * c)
         aux_words = words4(P1, j, rows, mask, N, 24, 16 + 4 * (c // 2))
         for h in tl.static_range(2):
             aux = aux_words[2 * (c % 2) + h]
-            s = tl.zeros(rows.shape, tl.float32)
+            total = tl.zeros(rows.shape, tl.int32)
+            negative = tl.zeros(rows.shape, tl.int32)
             for r in tl.static_range(4):  # 8 weights: bytes 2 (r % 2), +1 of word 2h + r // 2
+                if r % 2 == 0:
+                    xw = x8_words(XB, 64 * c + 32 * h + 8 * r)  # x of r and r + 1
                 word = w[2 * h + r // 2]
-                g = grid4_pair(TABLE, IQ3_XXS_GRID16, bits_at(word, 16 * (r % 2), 8, 0),
-                               bits_at(word, 16 * (r % 2) + 8, 8, 0))
-                g = signed_row(g, TABLE, IQ3_XXS_SIGNS16, bits_at(aux, 7 * r, 7, 0))
-                s = mac_row8(s, g, XB, 64 * c + 32 * h + 8 * r)
-            acc += (shr(aux, 28).to(tl.float32) + 0.5) * s
+                total, negative = signed_rows4_dot_int8(
+                    total, negative, TABLE + 128, IQ3_XXS_SIGN_MASKS - 128,
+                    bits_at(word, 16 * (r % 2), 8, 0), bits_at(word, 16 * (r % 2) + 8, 8, 0),
+                    bits_at(aux, 7 * r, 7, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1])
+            scale = (shr(aux, 28).to(tl.float32) + 0.5) * x8_scale(XB, 256, 64 * c + 32 * h)
+            acc += scale * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.5 * acc
 
 
 @triton.jit
 def iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """IQ3_S: a grid row (4 wide) per qs byte k (low 8 bits) and bit k of qh (the ninth);
-    a sign byte per 8 weights; a 4-bit scale s per 32: d * (1 + 2 s) * sum(grid * signs * x)."""
+    """IQ3_S (int8 x): a grid row (4 wide) per qs byte k (low 8 bits) and bit k of qh (the
+    ninth); a sign byte per 8 weights; a 4-bit scale s per 32: d * (1 + 2 s) *
+    sum(grid * signs * x), 4 weights a DP4A."""
     qh0, qh1 = words2(P2, j, rows, mask, N, 2, 0)
     scales = row_word(P4, j, rows, mask, N, 1, 0) | (qh0 & opaque_zero(N))
     acc = tl.zeros(rows.shape, tl.float32)
@@ -553,17 +586,21 @@ def iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
         high = qh0 if c < 2 else qh1
         for h in tl.static_range(2):
             g8 = 2 * c + h
-            s = tl.zeros(rows.shape, tl.float32)
+            total = tl.zeros(rows.shape, tl.int32)
+            negative = tl.zeros(rows.shape, tl.int32)
             for r in tl.static_range(4):
+                if r % 2 == 0:
+                    xw = x8_words(XB, 32 * g8 + 8 * r)  # x of r and r + 1
                 word = w[2 * h + r // 2]
                 k = 8 * g8 + 2 * r  # the first of the two grid rows
                 a = bits_at(word, 16 * (r % 2), 8, 0) | bits_at(high, k % 32, 1, 8)
                 b = bits_at(word, 16 * (r % 2) + 8, 8, 0) | bits_at(high, k % 32 + 1, 1, 8)
-                g = signed_row(grid4_pair(TABLE, IQ3_S_GRID16, a, b), TABLE, IQ3_S_SIGNS16,
-                               bits_at(signs[2 * (c % 2) + h], 8 * r, 8, 0))
-                s = mac_row8(s, g, XB, 32 * g8 + 8 * r)
+                total, negative = signed_rows4_dot_int8(
+                    total, negative, TABLE, IQ3_S_SIGN_MASKS, a, b,
+                    bits_at(signs[2 * (c % 2) + h], 8 * r, 8, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1])
             scale = shr(scales, 4 * g8) & 15
-            acc += (2 * scale + 1).to(tl.float32) * s
+            xs = x8_scale(XB, 256, 32 * g8)
+            acc += ((2 * scale + 1).to(tl.float32) * xs) * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * acc
 
 
@@ -719,7 +756,7 @@ def iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return signed_grid8_f16(words, ksigns_byte(bitfields(aux, 7, 4, 0x7F)), db, row_zero(rows)[:, None], DT)
 
 
-@register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot,
+@register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot, x_int8=True,
           dequant_half=iq2_xxs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
@@ -745,7 +782,7 @@ def iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
                             row_zero(rows)[:, None], DT)
 
 
-@register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot,
+@register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot, x_int8=True,
           dequant_half=iq2_xs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
@@ -768,7 +805,7 @@ def iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return signed_grid8_f16(grid_words(TABLE, idx, 2, 0), signs, db, row_zero(rows)[:, None], DT)
 
 
-@register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot,
+@register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot, x_int8=True,
           dequant_half=iq2_s_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
@@ -796,7 +833,7 @@ def iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return signed_grid8_f16(words, ksigns_byte(bitfields(aux, 7, 4, 0x7F)), db, row_zero(rows)[:, None], DT)
 
 
-@register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot,
+@register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot, x_int8=True,
           dequant_half=iq3_xxs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
@@ -824,7 +861,7 @@ def iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return signed_grid8_f16(words, signs, db, row_zero(rows)[:, None], DT)
 
 
-@register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot,
+@register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot, x_int8=True,
           dequant_half=iq3_s_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):

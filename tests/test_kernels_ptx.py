@@ -200,10 +200,14 @@ def test_exact_families_have_no_fused_multiply_add(ptx_rows):
 # gguf_repack_kernels/aot.py). The floors the decode-kernel issue set: 0.9 for the main types, 0.7 for
 # the low-bit and table types, 0.4 for the rest. MXFP4, NVFP4, IQ4_NL and IQ4_XS with int8 x,
 # their values looked up 8 at a time (fields.lookup16_nibbles_int8, BENCHMARKS.md "The 4-bit
-# table types' GEMV with int8 x"): 0.78 / 0.81 / 0.85 / 0.76 -> 1.0.
+# table types' GEMV with int8 x"): 0.78 / 0.81 / 0.85 / 0.76 -> 1.0. The IQ2 and IQ3 grid types
+# with int8 x, their rows' bytes 4 a DP4A and their signs' byte masks gathered ("The grid
+# types' GEMV with int8 x"): IQ2_XXS / IQ2_XS / IQ2_S 0.43 / 0.47 / 0.49 -> 0.75, IQ3_XXS 0.56
+# -> 0.95, IQ3_S 0.55 -> 0.85.
 ISSUE_FLOORS = {**dict.fromkeys(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"], 0.9),
                 **dict.fromkeys(["Q2_K", "Q3_K"], 0.7),
-                **dict.fromkeys(["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"], 0.95)}
+                **dict.fromkeys(["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"], 0.95),
+                **dict.fromkeys(["IQ2_XXS", "IQ2_XS", "IQ2_S"], 0.72), "IQ3_XXS": 0.9, "IQ3_S": 0.8}
 MAIN_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -226,7 +230,8 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
     be 4 FFMA per IDP; what is left is per 16 or 32 weights)."""
     rows = decode_rows(ptx_rows)
     int8_types = [n for n, f in kernels.FORMATS.items() if f.x_int8]
-    assert {"Q2_K", "Q3_K", "IQ1_S", "MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS"} <= set(int8_types)
+    assert {"Q2_K", "Q3_K", "IQ1_S", "MXFP4", "NVFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+            "IQ3_XXS", "IQ3_S"} <= set(int8_types)
     for name in int8_types:
         ops = rows[name]["loop_opcodes"]
         assert ops.get("IDP", 0) >= 2 * ops.get("FFMA", 0) > 0, (name, ops)
