@@ -200,7 +200,7 @@ GEMV_MAX_M = 8
 # (scripts/bench_gpu.py) should replace them.
 # BEGIN estimate_paths --write-configs
 MATMUL_RULE: dict[str, tuple] = {
-    'IQ1_M': ((2, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
+    'IQ1_M': ((3, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ1_S': (
         (4, 'gemv'),
         (16, 'gemm_bm16'),
@@ -826,7 +826,7 @@ MOE_DEFAULT_RULE = ((1.0, "gemv"), (16, "tiles_bm16"), (32, "tiles_bm32"), (None
 
 # BEGIN estimate_paths --experts --write-configs
 MOE_RULE: dict[str, tuple] = {
-    'IQ1_M': ((1.568, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ1_M': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'IQ1_S': ((4.07, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'IQ2_S': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'IQ2_XS': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),

@@ -1094,19 +1094,6 @@ def bf16_pair(w):
 
 
 @triton.jit
-def mac_bf16(acc, wa, wb, XB, AT: tl.constexpr):
-    """acc + the 4 bfloat16 values of words wa, wb (low halves first) times x[AT..AT+3]."""
-    x0, x1, x2, x3 = x4(XB, AT)
-    v0, v1 = bf16_pair(wa)
-    v2, v3 = bf16_pair(wb)
-    acc += v0 * x0
-    acc += v1 * x1
-    acc += v2 * x2
-    acc += v3 * x3
-    return acc
-
-
-@triton.jit
 def lookup_table(TABLE, SIZE: tl.constexpr):
     """A type's lookup table of SIZE int32 values, as float32 [SIZE], for lookup_nibbles."""
     return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + tl.arange(0, SIZE)).to(tl.float32)

@@ -24,7 +24,6 @@ import triton.language as tl
 
 from .fields import (
     INTERPRETED,
-    bf16_pair_words,
     bf16_pairs_scaled,
     bits_at,
     byte_pairs_f16,
@@ -53,7 +52,6 @@ from .fields import (
     lookup16_ptx,
     lookup16_words,
     lookup_run_dot_int8,
-    mac_bf16,
     nibbles,
     opaque_zero,
     row_u16,
@@ -64,7 +62,6 @@ from .fields import (
     shr,
     signed_byte_pairs_shifted_bf16,
     signed_byte_pairs_shifted_f16,
-    split4,
     words2,
     words4,
     x8_scale,
@@ -118,24 +115,10 @@ def _grid(name):
     return lambda: _grid_words(name)
 
 
-# The GEMV's (dot functions') tables, after the dequant tables: for IQ1_M (float x) grid rows
-# as bfloat16, two values a word (IQ1's grid +- 1/8 is exact in bfloat16); for the IQ2 and IQ3
-# types (int8 x, the byte grid 4 weights a DP4A) each sign byte's 8 bits as byte masks, which
-# pick the negative weights' bytes out of a grid row (signed_row8_dot_int8).
-
-
-def _grid16(name, deltas=(0.0,)):
-    """gguf-py's grid as bfloat16 rows; with deltas, the whole grid once per delta, each
-    added (IQ1's grid + delta, gguf-py's float32 sums, all exact in float16)."""
-    def part():
-        import gguf.quants
-
-        cls = getattr(gguf.quants, name)
-        cls.init_grid()
-        grid = cls.grid.reshape(cls.grid_shape)
-        return bf16_pair_words(np.concatenate([grid + np.float32(delta) for delta in deltas]))
-
-    return part
+# The GEMV's (dot functions') tables, after the dequant tables: the grid types' GEMVs take
+# int8 x and read the dequant's byte grid, 4 weights a DP4A; for the IQ2 and IQ3 types each sign
+# byte's 8 bits as byte masks follow, which pick the negative weights' bytes out of a grid row
+# (signed_row8_dot_int8).
 
 
 def _all_sign_bytes() -> np.ndarray:
@@ -152,33 +135,26 @@ def _sign_masks8(sign_bytes):
     return part
 
 
-def _grid_table(name, signs=None, dequant_ksigns=False, gemv_grid16=True):
-    """(table function, word offset of the GEMV's grid, word offset of the GEMV's signs)
-    of grid type `name`: the dequant's parts ([ksigns,] grid as bytes), then the GEMV's:
-    for IQ1_M, whose GEMV multiplies float x, the grid as bfloat16 (grid + 1/8, then grid -
-    1/8); for the GEMVs on int8 x (IQ1_S, the IQ2 and IQ3 types) no bfloat16 grid (they read
-    the byte grid), and [the byte masks of each sign byte: of ksigns, or of every byte]."""
+def _grid_table(name, signs=None, dequant_ksigns=False):
+    """(table function, word offset of the GEMV's sign masks) of grid type `name`: the
+    dequant's parts ([ksigns,] grid as bytes), then [the byte masks of each sign byte: of
+    ksigns, or of every byte] for the GEMV."""
     import gguf.quants
 
     rows, width = getattr(gguf.quants, name).grid_shape
-    deltas = (0.125, -0.125) if name == "IQ1_M" else (0.0,)
     parts = ([_ksigns] if dequant_ksigns else []) + [_grid(name)]
-    if gemv_grid16:
-        parts.append(_grid16(name, deltas))
-    grid16_at = (128 if dequant_ksigns else 0) + rows * width // 4
-    signs_at = grid16_at + (len(deltas) * rows * width // 2 if gemv_grid16 else 0)
     if signs is not None:
         parts.append(_sign_masks8(signs))
-    return _table(*parts), tl.constexpr(grid16_at), tl.constexpr(signs_at)
+    return _table(*parts), tl.constexpr((128 if dequant_ksigns else 0) + rows * width // 4)
 
 
-IQ2_XXS_TABLE, _, IQ2_XXS_SIGN_MASKS = _grid_table("IQ2_XXS", _ksigns, True, gemv_grid16=False)
-IQ2_XS_TABLE, _, IQ2_XS_SIGN_MASKS = _grid_table("IQ2_XS", _ksigns, True, gemv_grid16=False)
-IQ2_S_TABLE, _, IQ2_S_SIGN_MASKS = _grid_table("IQ2_S", _all_sign_bytes, gemv_grid16=False)
-IQ3_XXS_TABLE, _, IQ3_XXS_SIGN_MASKS = _grid_table("IQ3_XXS", _ksigns, True, gemv_grid16=False)
-IQ3_S_TABLE, _, IQ3_S_SIGN_MASKS = _grid_table("IQ3_S", _all_sign_bytes, gemv_grid16=False)
-IQ1_S_TABLE, _, _ = _grid_table("IQ1_S", gemv_grid16=False)
-IQ1_M_TABLE, IQ1_M_GRID16, _ = _grid_table("IQ1_M")
+IQ2_XXS_TABLE, IQ2_XXS_SIGN_MASKS = _grid_table("IQ2_XXS", _ksigns, True)
+IQ2_XS_TABLE, IQ2_XS_SIGN_MASKS = _grid_table("IQ2_XS", _ksigns, True)
+IQ2_S_TABLE, IQ2_S_SIGN_MASKS = _grid_table("IQ2_S", _all_sign_bytes)
+IQ3_XXS_TABLE, IQ3_XXS_SIGN_MASKS = _grid_table("IQ3_XXS", _ksigns, True)
+IQ3_S_TABLE, IQ3_S_SIGN_MASKS = _grid_table("IQ3_S", _all_sign_bytes)
+IQ1_S_TABLE, _ = _grid_table("IQ1_S")
+IQ1_M_TABLE, _ = _grid_table("IQ1_M")
 
 
 # -- shared unpacking ------------------------------------------------------------------
@@ -426,15 +402,6 @@ def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def mac_row8(acc, g, XB, AT: tl.constexpr):
-    """acc + the 8 bfloat16 values of g (int32 [R, 4], two a word) times x[AT..AT+7]: one
-    conversion and one FFMA a weight."""
-    w0, w1, w2, w3 = split4(g)
-    acc = mac_bf16(acc, w0, w1, XB, AT)
-    return mac_bf16(acc, w2, w3, XB, AT + 4)
-
-
-@triton.jit
 def signed_row8_dot_int8(total, negative, TABLE, GRID: tl.constexpr, idx, MASKS: tl.constexpr, sidx,
                          x0, x1):
     """(total + grid row idx times x, negative + the row where signed times x), 8 weights:
@@ -633,33 +600,41 @@ def iq1_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 
 @triton.jit
 def iq1_m_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
-    """IQ1_M: per 8 weights a qs byte (grid row low 8 bits) and a qh nibble (3 high bits,
-    the delta's sign); per 16 a 3-bit scale s; d's 16 bits are the top nibbles of the 4
-    scale half-words: d * (2 s + 1) * sum((grid + delta) x)."""
+    """IQ1_M (int8 x): per 8 weights a qs byte (grid row low 8 bits) and a qh nibble (3 high
+    bits, the delta's sign); per 16 a 3-bit scale s; d's 16 bits are the top nibbles of the 4
+    scale half-words: d * (2 s + 1) * sum((grid + delta) x), delta = +-1/8. In integers,
+    8 (grid + delta) x summed is 8 sum(grid x) +- sum(x): the grid row's bytes (the dequant's
+    byte grid, -1, 0, 1) 4 a DP4A, and the 8 x's sum by DP4A with ones (the same for every
+    row a thread holds)."""
     sc0, sc1 = words2(P2, j, rows, mask, N, 2, 0)
     d_bits = ((shr(sc0, 12) & 0xF) | (shr(sc0, 24) & 0xF0) | (shr(sc1, 4) & 0xF00)
               | (shr(sc1, 16) & 0xF000))
     d = d_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     acc = tl.zeros(rows.shape, tl.float32)
+    ones = 0x01010101 + opaque_zero(N)  # (an int32 tensor: its bytes, 1 each, as DP4A reads them)
     for qq in tl.static_range(2 // PARTS):  # halves of 128 weights: q = part with PARTS 2
         q = (2 // PARTS) * part + qq
         w = words4(P0, j, rows, mask, N, 8, 4 * q)
         qh = words2(P1, j, rows, mask, N, 4, 2 * q)
+        word = tl.where(q == 0, sc0, sc1)
         for c in tl.static_range(4):  # qs word 4q + c: weights 128q + 32c ..
+            by_scale = tl.zeros(rows.shape, tl.int32)
             for half in tl.static_range(2):  # 16 weights, one scale
-                s = tl.zeros(rows.shape, tl.float32)
+                xw = x8_words(XB, 128 * q + 32 * c + 16 * half)
+                s = tl.zeros(rows.shape, tl.int32)
                 for r2 in tl.static_range(2):
                     r = 2 * half + r2  # byte r of the qs word: 8 weights
-                    # nibble 4c + r of the half's qh words; its bit 3 (delta < 0) numbers
-                    # rows 2048..: grid - 1/8
-                    idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(qh[c // 2], 4 * ((4 * c + r) % 8), 4, 8)
-                    s = mac_row8(s, row_words(TABLE, IQ1_M_GRID16, idx, 4), XB + 128 * q,
-                                 32 * c + 8 * r)
+                    nibble = shr(qh[c // 2], 4 * ((4 * c + r) % 8))
+                    idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(nibble, 0, 3, 8)
+                    g0, g1 = tl.split(row_words(TABLE, 0, idx, 2))
+                    grid_x = dot4(g1, xw[2 * r2 + 1], dot4(g0, xw[2 * r2], 0, True), True)
+                    sum_x = dot4(ones, xw[2 * r2 + 1], dot4(ones, xw[2 * r2], 0, True), True)
+                    s += 8 * grid_x + tl.where((nibble & 8) != 0, -sum_x, sum_x)
                 t = 2 * c + half  # of 8 scales in word q, 3 bits each, 4 per 16-bit half
-                word = tl.where(q == 0, sc0, sc1)
                 scale = shr(word, 16 * (t // 4) + 3 * (t % 4)) & 7
-                acc += (2 * scale + 1).to(tl.float32) * s
-    return d * acc
+                by_scale += (2 * scale + 1) * s
+            acc += by_scale.to(tl.float32) * x8_scale(XB, 256, 128 * q + 32 * c)
+    return d * 0.125 * acc
 
 
 # -- 2-bit lattices, 8 weights per grid row --------------------------------------------
@@ -980,7 +955,7 @@ def iq1_m_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return shifted_grid8_half(words, delta, dl, row_zero(rows)[:, None], DT)
 
 
-@register("IQ1_M", 256, ("qs", "qh", "scales"), table=IQ1_M_TABLE, dot=iq1_m_dot,
+@register("IQ1_M", 256, ("qs", "qh", "scales"), table=IQ1_M_TABLE, dot=iq1_m_dot, x_int8=True,
           dot_parts=(1, 2), dequant_half=iq1_m_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq1_m(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):

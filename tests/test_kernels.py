@@ -585,9 +585,9 @@ def test_decode_tq1_0_digit_table_is_gguf_pys():
 
 @pytest.mark.parametrize("name", ["IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
 def test_decode_grid_tables_are_gguf_pys(name):
-    """IQ1_M's GEMV reads the grid as bfloat16 rows (grid + 1/8, then grid - 1/8); the IQ2 and
-    IQ3 types' (int8 x) the grid as bytes and each sign byte (or 7-bit ksigns index) as 8
-    byte masks; decoded here by hand, they are gguf-py's grid and signs."""
+    """The grid types' GEMV (int8 x) reads the grid as bytes and, but IQ1_M's, each sign byte
+    (or 7-bit ksigns index) as 8 byte masks; decoded here by hand, they are gguf-py's grid
+    and signs."""
     import gguf.quants
 
     from gguf_repack_kernels import formats_iquants as iq
@@ -596,20 +596,15 @@ def test_decode_grid_tables_are_gguf_pys(name):
     cls.init_grid()
     grid = cls.grid.reshape(cls.grid_shape)
     words = kernels.FORMATS[name].table(torch.device("cpu")).numpy().astype(np.int32)
-    if kernels.FORMATS[name].x_int8:  # the byte grid (after the 128 ksigns words), then masks
-        at = 0 if name in ("IQ2_S", "IQ3_S") else 128
-        assert np.array_equal(words[at:].view(np.uint8)[:grid.size].reshape(grid.shape), grid)
+    assert kernels.FORMATS[name].x_int8  # the byte grid (after the 128 ksigns words), then masks
+    at = 0 if name in ("IQ1_M", "IQ2_S", "IQ3_S") else 128
+    assert np.array_equal(words[at:].view(np.int8)[:grid.size].reshape(grid.shape), grid)
+    if name != "IQ1_M":  # (IQ1's grid holds -1, 0, 1 and no signs)
         sign_bytes = (np.arange(256, dtype=np.uint8) if name in ("IQ2_S", "IQ3_S")
                       else np.frombuffer(gguf.quants.IQ2_XXS.ksigns, dtype=np.uint8))
         masks = words[getattr(iq, f"{name}_SIGN_MASKS").value:].view(np.uint8)[:8 * len(sign_bytes)]
         expected_bits = (sign_bytes[:, None] >> np.arange(8)[None, :]) & 1
         assert np.array_equal(masks.reshape(-1, 8), expected_bits.astype(np.uint8) * 255)
-        return
-    assert name == "IQ1_M"  # float x: its grid + 1/8, then grid - 1/8, as bfloat16
-    halves = words.view(np.uint16)  # little-endian: a word's low half first
-    expected = np.concatenate([grid + np.float32(0.125), grid - np.float32(0.125)])
-    as_bf16 = (halves[2 * iq.IQ1_M_GRID16.value:][:expected.size].astype(np.uint32) << 16).view(np.float32)
-    assert np.array_equal(as_bf16.reshape(expected.shape), expected)
 
 
 @pytest.mark.parametrize("model_name", ["SmolLM2-135M-Instruct.Q4_1.gguf",
