@@ -583,22 +583,25 @@ def dot4(a, b, c, A_SIGNED: tl.constexpr = False):
                                          [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
 
 
-def lookup16_words(values) -> tuple[int, int, int, int]:
-    """A table of 16 small integers as lookup16_bytes takes it: 4 int32 words of its bytes,
-    value + 128 each as an unsigned byte."""
-    table = [(int(v) + 128) & 0xFF for v in values]
-    assert len(table) == 16 and all(-128 <= int(v) < 128 for v in values)
-    words = (sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4))
+def byte_words(table) -> tuple[int, ...]:
+    """Bytes (0..255 each, a multiple of 4 of them) as int32 words, byte k in byte k % 4 of
+    word k // 4: a table as registers for PRMT lookups."""
+    words = (sum(int(table[4 * w + i]) << (8 * i) for i in range(4)) for w in range(len(table) // 4))
     return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
 
 
-def int8_words(values) -> tuple[int, int, int, int]:
+def lookup16_words(values) -> tuple[int, ...]:
+    """A table of 16 small integers as lookup16_bytes takes it: 4 int32 words of its bytes,
+    value + 128 each as an unsigned byte."""
+    assert len(values) == 16 and all(-128 <= int(v) < 128 for v in values)
+    return byte_words([(int(v) + 128) & 0xFF for v in values])
+
+
+def int8_words(values) -> tuple[int, ...]:
     """A table of 16 int8 values as 4 int32 words of their bytes (value k in byte k % 4 of
     word k // 4), for lookup16_nibbles_int8."""
     assert len(values) == 16 and all(-128 <= int(v) < 128 for v in values)
-    table = [int(v) & 0xFF for v in values]
-    words = (sum(table[4 * w + i] << (8 * i) for i in range(4)) for w in range(4))
-    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+    return byte_words([int(v) & 0xFF for v in values])
 
 
 # A word's 8 nibble codes ($2: byte b's low nibble, then its high one) -> their values in a
@@ -693,9 +696,7 @@ def lookup16_bf16_words(values) -> tuple[int, ...]:
     8 int32 words, the low bytes of the values' bfloat16 bits, then their high bytes."""
     bits = [int(np.array(float(v), np.float32).view(np.uint32)) >> 16 for v in values]
     assert len(bits) == 16 and all(abs(int(v)) < 256 for v in values)
-    words = [sum(((b >> shift) & 0xFF) << (8 * i) for i, b in enumerate(bits[4 * w:4 * w + 4]))
-             for shift in (0, 8) for w in range(4)]
-    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+    return byte_words([b & 0xFF for b in bits] + [b >> 8 for b in bits])
 
 
 # LOOKUP16_BYTES_PTX's lookup in two tables at once, the low ($3..$6) and the high ($7..$10)
