@@ -156,8 +156,8 @@ def trit_pairs(u, M, Z, DT: tl.constexpr):
     to 1026, even. As bfloat16 the same bits are (1 + (2 + digit) / 128) 2**73
     (tq1_0_half)."""
     v = ((u * M) & (0x00FF00FF + Z)) | (0x64006400 + Z)
-    if INTERPRETED:  # (numpy's float16 product and sum, each rounded: the same integers)
-        r = tl.fma(f16_halves(v, tl.float16), 0.01171875, 1013.5)
+    if INTERPRETED:  # the exact product and sum in float32, rounded once to float16, as HFMA2
+        r = (f16_halves(v, tl.float16).to(tl.float32) * 0.01171875 + 1013.5).to(tl.float16)
         return r.to(tl.int16, bitcast=True).to(DT, bitcast=True)
     else:
         r = tl.inline_asm_elementwise(TRIT_PAIR_PTX, "=r,r,r,r", [v, 0x22002200 + Z, 0x63EB63EB + Z],
