@@ -645,7 +645,7 @@ def lookup16_nibbles_int8(w, TABLE, T0: tl.constexpr, T1: tl.constexpr, T2: tl.c
 @triton.jit
 def lookup_run_dot_int8(TABLE, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
                         T3: tl.constexpr, P, j, rows, mask, N, XB, COUNT: tl.constexpr, FIRST):
-    """lookup_run_dot with int8 x: sum(table[q] x) as int32 over a run of 16 bytes of nibbles
+    """sum(table[q] x) as int32 over a run of 16 bytes of nibbles
     (words FIRST..FIRST+3 of a field of COUNT words; byte i: weights i and 16 + i) times
     x[0..31] at XB (int8), the table's values int8 (T0..T3 = int8_words(VALUES)): 8 codes a
     lookup16_nibbles_int8, 4 weights a DP4A."""
@@ -1094,63 +1094,3 @@ def bf16_pair(w):
     return lo, hi
 
 
-@triton.jit
-def lookup_table(TABLE, SIZE: tl.constexpr):
-    """A type's lookup table of SIZE int32 values, as float32 [SIZE], for lookup_nibbles."""
-    return tl.load(TABLE.to(tl.pointer_type(tl.int32)) + tl.arange(0, SIZE)).to(tl.float32)
-
-
-@triton.jit
-def lookup_nibbles(table, w):
-    """table[nibble k of w] for k = 0..7 (bits 4k), as eight float32 [len(w)]. One gather
-    for all eight: Triton puts the table in shared memory, one store and barrier per gather
-    and then one LDS per value (a gather per nibble paid the store and barriers each time;
-    a gather along an in-thread axis became chains of selects)."""
-    R: tl.constexpr = w.shape[0]
-    # low and high nibbles as bytes first, then bytes out of those (a byte is one PRMT)
-    lo = w & 0x0F0F0F0F
-    hi = shr(w, 4) & 0x0F0F0F0F
-    idx = tl.join(tl.join(tl.join(lo & 0xFF, hi & 0xFF), tl.join(shr(lo, 8) & 0xFF, shr(hi, 8) & 0xFF)),
-                  tl.join(tl.join(shr(lo, 16) & 0xFF, shr(hi, 16) & 0xFF),
-                          tl.join(shr(lo, 24), shr(hi, 24))))
-    v = tl.reshape(tl.gather(table, tl.reshape(idx, (R * 8,)), 0), (R, 2, 2, 2))
-    a, b = tl.split(v)  # the joins put nibble 4u + 2t + i at [.., i, t, u]
-    a0, a1 = tl.split(a)
-    b0, b1 = tl.split(b)
-    v0, v1 = tl.split(a0)
-    v2, v3 = tl.split(a1)
-    v4, v5 = tl.split(b0)
-    v6, v7 = tl.split(b1)
-    return v0, v1, v2, v3, v4, v5, v6, v7
-
-
-@triton.jit
-def mac_lookup_nibbles(low, high, w, table, XB, LOW: tl.constexpr, HIGH: tl.constexpr):
-    """As mac_nibbles, for types whose nibbles index a table of values: byte b's low nibble
-    value times x[LOW + b] into `low`, its high nibble value times x[HIGH + b] into `high`."""
-    v0, v1, v2, v3, v4, v5, v6, v7 = lookup_nibbles(table, w)
-    x0, x1, x2, x3 = x4(XB, LOW)
-    # one FFMA a weight: added one at a time (a sum of products first costs an FMUL and an FADD)
-    low += v0 * x0
-    low += v2 * x1
-    low += v4 * x2
-    low += v6 * x3
-    x0, x1, x2, x3 = x4(XB, HIGH)
-    high += v1 * x0
-    high += v3 * x1
-    high += v5 * x2
-    high += v7 * x3
-    return low, high
-
-
-@triton.jit
-def lookup_run_dot(table, P, j, rows, mask, N, XB, COUNT: tl.constexpr, FIRST):
-    """sum(table[q] x) over a run of 16 bytes of nibbles (words FIRST..FIRST+3 of a field of
-    COUNT words) holding 32 weights in ggml's order (byte i: weights i and 16 + i), x from
-    XB: the product of IQ4_NL's and MXFP4's blocks, and of an IQ4_XS sub-block."""
-    w = words4(P, j, rows, mask, N, COUNT, FIRST)
-    low = tl.zeros(rows.shape, tl.float32)
-    high = tl.zeros(rows.shape, tl.float32)
-    for c in tl.static_range(4):
-        low, high = mac_lookup_nibbles(low, high, w[c], table, XB, 4 * c, 16 + 4 * c)
-    return low + high
