@@ -41,22 +41,24 @@ from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
 # Every kernel the dispatcher launches, as it would launch it: gemv, the GEMV at M = 1
-# (decode), gemv_m8 at M = 8 (the default rule's largest GEMV), both the type's dot function;
+# (decode), gemv_m2 and gemv_m4 at M = 2 and 4 (2 and 4 rows of x a program: configs.gemv_x_rows),
+# gemv_m8 at M = 8 (the default rule's largest GEMV), all the type's dot function;
 # the fused GEMM's four tiles, gemm_m16 (BM = 16, at M = 16), gemm_m32 (BM = 32, at 32),
 # gemm (BM = 64, at 128) and gemm_m128 (the swapped BM = 128, at 128: configs.swap_ab, BM = 64
 # for the other types); dequantize (then torch.matmul); embedding (which M takes which
 # path and tile: configs.matmul_choice);
 # moe_gemv, the expert products at decode (a GEMV a routed token), and the expert GEMM's
 # tiles moe_m16, moe_m32, moe_m64 (by the rows an expert gets)
-FAMILIES = ("dequantize", "gemv", "gemv_m8", "gemm", "gemm_m16", "gemm_m32", "gemm_m128", "moe_gemv",
-            "moe_m16", "moe_m32", "moe_m64", "embedding")
+FAMILIES = ("dequantize", "gemv", "gemv_m2", "gemv_m4", "gemv_m8", "gemm", "gemm_m16", "gemm_m32",
+            "gemm_m128", "moe_gemv", "moe_m16", "moe_m32", "moe_m64", "embedding")
 # the tl.dot families: the ones whose shared memory grows with the tile (configs.py)
 DOT_FAMILIES = ("gemm_m16", "gemm_m32", "gemm", "gemm_m128", "moe_m16", "moe_m32", "moe_m64")
 # what inspect_kernels.py compiles unless told: the expert families are the dense ones with an
 # expert's offset (tests/test_kernels_ptx.py compiles moe_gemv apart, for a few types);
-# gemm_m32 is the BM = 64 tile's kernel at half its rows
+# gemm_m32 is the BM = 64 tile's kernel at half its rows; gemv_m4 is gemv_m8's (4 rows of x a
+# program), gemv_m2 is checked by the estimate's compiles (scripts/estimate_paths.py)
 DEFAULT_FAMILIES = tuple(f for f in FAMILIES if not f.startswith("moe_")
-                         and f not in ("gemm_m32", "gemm_m128"))
+                         and f not in ("gemm_m32", "gemm_m128", "gemv_m2", "gemv_m4"))
 
 H200_BYTES_PER_SM_CYCLE = 4.8e12 / (132 * 1.98e9)
 ISSUE_PER_SM_CYCLE = 4
@@ -77,6 +79,8 @@ GEMM_M = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 128, "gemm_m128": 128, "moe_m1
           "moe_m32": 32, "moe_m64": 64}
 # the dense families' tile BM (whatever the rule takes at their M; BM = 128 is BM = 64 where
 # the tile is not swapped: configs.gemm_config)
+# the GEMV families' M (their rows of x a program: configs.gemv_x_rows)
+GEMV_M = {"gemv": 1, "gemv_m2": 2, "gemv_m4": 4, "gemv_m8": 8}
 GEMM_BM = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 64, "gemm_m128": 128}
 
 
@@ -102,7 +106,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
     common = {**planes, "X": f"*{act}", **split_k, "M": "i32", "N": "i32", "B": "i32",
               "stride_xm": "i32", "stride_om": "i32"}
     if family == "moe_gemv":  # one routed token a program, as the GEMV at M = 1
-        cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, dev, act)
+        cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, dev, act, x_rows=1)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"),
                "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "IDS": "*i64",
                "XDIV": "i32", "E": "i32", **split_k, "N": "i32", "B": "i32", "stride_om": "i32"}
@@ -110,18 +114,18 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
             cfg["BN"] / cfg["PARTS"]
-    if family in ("gemv", "gemv_m8"):
-        # a program per row of x: at M = 8 each weight byte is unpacked by 8 programs
-        m = 1 if family == "gemv" else 8
+    if family in GEMV_M:
+        # XR rows of x a program: at M = 8 each weight byte is unpacked by 2 programs
+        m = GEMV_M[family]
         cfg = configs.gemv_dot_config(fmt.name, m, n, k // block_size, dev, act)
         # x comes prepared (float32, or int8 and scales), whatever the activations' dtype
         sig = {**planes, "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", **split_k,
-               "N": "i32", "B": "i32", "stride_om": "i32"}
+               "N": "i32", "B": "i32", "stride_om": "i32", "M": "i32"}
         return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride,
-                                      "STAGES": cfg["STAGES"]}, cfg, \
-            cfg["BN"] / cfg["PARTS"] / m
+                                      "STAGES": cfg["STAGES"], "XR": cfg["XR"]}, cfg, \
+            cfg["BN"] / cfg["PARTS"] / -(-m // cfg["XR"])
     if family in GEMM_BM:
         cfg = configs.gemm_config(fmt.name, block_size, m or GEMM_M[family], n, k // block_size, dev, act,
                                   bm=GEMM_BM[family])
@@ -437,7 +441,7 @@ def _issue_seconds(programs: int, iterations: int, loop_instructions: int, num_w
 
 
 def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
-                          gemm_rows: dict[int, dict], gemv_row: dict | None = None,
+                          gemm_rows: dict[int, dict], gemv_rows: dict[int, dict] | None = None,
                           ms=(16, 128, 2048), shape=SHAPE, act: str = "fp16") -> list[dict]:
     """Estimated time of x @ W.T for `shape` (N, K) on an H200 at each M of `ms` by every path
     there is a compile for (the launch configurations for x of dtype `act`, as compiled),
@@ -453,8 +457,9 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
       iterations; time = max(issue, tensor (the same programs x iterations x the loop's MMA
       FLOPs / the per-SM peak: HGMMA at the dense fp16 peak, HMMA at half), the quantized
       weight's bytes once / bandwidth);
-    - GEMV (`gemv_row`, its M = 1 compile; its config for `shape`): a program per row of x, each
-      dequantizing the whole weight: M x the M = 1 issue, at least the bytes once;
+    - GEMV (`gemv_rows`: its compiles by rows of x a program, XR = 1, 2, 4: gemv, gemv_m2,
+      gemv_m4; its config at M for `shape`): ceil(M / XR) programs a weight tile, each
+      unpacking the whole weight once for its XR rows: their issue, at least the bytes once;
     - dequantize+matmul: the dequantize kernel (the larger of its issue and its bytes:
       quantized read, fp16 written) + the fp16 matmul;
     - fp16 = max(2 N K bytes / bandwidth, 2 M N K / peak); ideal = the same with the
@@ -464,8 +469,8 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
     "times_serial" / "best_serial" / "speedup_serial": the same with a fused tile's issue and
     tensor time added, not overlapped (its MMA waited for within the iteration, as the SASS
     of the swapped tiles does, and one program an SM at BM = 128): the conservative model the
-    rule is chosen by (scripts/estimate_paths.py), so that an MMA-bound fused tile is not
-    taken for a free one at prefill sizes.
+    rule is chosen by past configs.FUSED_MAX_M (scripts/estimate_paths.py's rule), so that an
+    MMA-bound fused tile is not taken for a free one at prefill sizes.
     Each row: "times" (seconds by choice, configs.CHOICES' names), "best", "dispatched" (the
     path matmul_path takes today) and its "tile", "speedup" over fp16 and "fraction_of_ideal"
     of the dispatched choice; also the older measures (fused GEMM at the dispatched or BM-by-M
@@ -506,17 +511,18 @@ def matmul_path_estimates(type_name: str, type_size: int, dequantize_row: dict,
         return max(issue + tensor if serial else max(issue, tensor), memory)
 
     bms = sorted({key if isinstance(key, int) else key[0] for key in gemm_rows})
-    gemv_issue = None
-    if gemv_row is not None:
-        c = configs.gemv_dot_config(type_name, 1, n, n_blocks, configs.KNOWN_DEVICES[90], act)
-        gemv_issue = _issue_seconds(-(-n // c["BN"]) * c["SPLIT_K"],
-                                    -(-n_blocks * c["PARTS"] // c["SPLIT_K"]),
-                                    gemv_row["loop_instructions"], c["num_warps"])
+    def gemv(m):
+        c = configs.gemv_dot_config(type_name, m, n, n_blocks, configs.KNOWN_DEVICES[90], act)
+        g = gemv_rows[c["XR"]]
+        assert g["config"]["BN"] == c["BN"] and g["config"]["XR"] == c["XR"], (g["config"], c)
+        return max(_issue_seconds(-(-n // c["BN"]) * c["SPLIT_K"] * -(-m // c["XR"]),
+                                  -(-n_blocks * c["PARTS"] // c["SPLIT_K"]),
+                                  g["loop_instructions"], c["num_warps"]), memory)
 
     def times(m, serial=False):
         t = {f"gemm_bm{bm}": fused_gemm(m, bm, serial) for bm in bms}
-        if gemv_issue is not None:
-            t = {"gemv": max(m * gemv_issue, memory), **t}
+        if gemv_rows:
+            t = {"gemv": gemv(m), **t}
         t["dequantize+matmul"] = dequantize + fp16(m)
         return t
 
@@ -611,7 +617,7 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
     for t in tokens:
         pairs = t * top
         # the dispatcher's GEMV at this many pairs (dispatch._expert_kernels): split K for them
-        c = configs.gemv_dot_config(type_name, pairs, n, n_blocks, dev, act)
+        c = configs.gemv_dot_config(type_name, pairs, n, n_blocks, dev, act, x_rows=1)
         gemv_programs = -(-n // c["BN"]) * c["SPLIT_K"]
         gemv_iterations = -(-n_blocks * c["PARTS"] // c["SPLIT_K"])
         chosen = configs.experts_chosen(t, top, n_experts)

@@ -180,10 +180,11 @@ for _bm in (16, 32, 64):
 
 
 # Three paths for x @ W.T, by M (dispatch.matmul_path): the GEMV family (split-K, no tensor
-# cores: the weight read is the whole cost, but a program per row of x, each dequantizing
-# the whole weight again); the fused GEMM family (tensor cores, each weight tile dequantized
-# once per BM rows of x, BM = 16, 32 or 64); the weight dequantized once, into x's dtype,
-# by the dequantize family, then torch.matmul (cuBLAS). Which one, and which BM, at each M
+# cores: the weight read is the whole cost, but a program per 1, 2 or 4 rows of x, each
+# dequantizing the whole weight again: gemv_x_rows); the fused GEMM family (tensor cores,
+# each weight tile dequantized once per BM rows of x, BM = 16, 32 or 64); the weight
+# dequantized once, into x's dtype, by the dequantize family, then torch.matmul (cuBLAS).
+# Which one, and which BM, at each M
 # is the SASS estimate's (MATMUL_RULE); for the types it has not covered, GEMV up to
 # GEMV_MAX_M, then BM = 16 / 32 / 64 by M, then from dequantize_matmul_min_m on
 # dequantize+matmul.
@@ -200,8 +201,10 @@ GEMV_MAX_M = 8
 # (scripts/bench_gpu.py) should replace them.
 # BEGIN estimate_paths --write-configs
 MATMUL_RULE: dict[str, tuple] = {
-    'IQ1_M': ((3, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
-    'IQ1_S': (
+    'IQ1_M': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
+    'IQ1_S': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
+    'IQ2_S': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
+    'IQ2_XS': (
         (4, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
@@ -209,25 +212,16 @@ MATMUL_RULE: dict[str, tuple] = {
         (96, 'gemm_bm32'),
         (None, 'dequantize+matmul'),
     ),
-    'IQ2_S': ((2, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
-    'IQ2_XS': (
-        (3, 'gemv'),
-        (16, 'gemm_bm16'),
-        (32, 'gemm_bm32'),
-        (64, 'gemm_bm64'),
-        (96, 'gemm_bm32'),
-        (None, 'dequantize+matmul'),
-    ),
-    'IQ2_XXS': ((3, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
+    'IQ2_XXS': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ3_S': (
-        (2, 'gemv'),
+        (4, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (96, 'gemm_bm32'),
         (None, 'dequantize+matmul'),
     ),
-    'IQ3_XXS': ((3, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
+    'IQ3_XXS': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ4_NL': (
         (2, 'gemv'),
         (16, 'gemm_bm16'),
@@ -285,8 +279,9 @@ MATMUL_RULE: dict[str, tuple] = {
     'Q4_1': (
         (1, 'gemv'),
         (16, 'gemm_bm16'),
-        (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
+        (128, 'gemm_bm128'),
+        (192, 'gemm_bm64'),
         (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
@@ -302,8 +297,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (1, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
-        (64, 'gemm_bm64'),
-        (256, 'gemm_bm128'),
+        (192, 'gemm_bm64'),
         (None, 'dequantize+matmul'),
     ),
     'Q5_1': (
@@ -311,6 +305,8 @@ MATMUL_RULE: dict[str, tuple] = {
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
+        (128, 'gemm_bm128'),
+        (192, 'gemm_bm64'),
         (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
@@ -333,7 +329,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (None, 'dequantize+matmul'),
     ),
     'Q8_0': (
-        (1, 'gemv'),
+        (2, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
@@ -345,12 +341,12 @@ MATMUL_RULE: dict[str, tuple] = {
     'TQ1_0': (
         (1, 'gemv'),
         (16, 'gemm_bm16'),
-        (64, 'gemm_bm32'),
+        (96, 'gemm_bm32'),
         (128, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
     'TQ2_0': (
-        (6, 'gemv'),
+        (4, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
@@ -781,10 +777,29 @@ def dividing_step(step: int, n_blocks: int) -> int:
 GEMV_ROWS = {"Q2_K": 2, "Q3_K": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "TQ1_0": 1, "TQ2_0": 2,
              **dict.fromkeys(["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"], 2)}
 GEMV_PARTS = {"IQ4_XS": 4, "IQ1_M": 2}
+# From M = 2 on a program takes XR rows of x (gemv.gemv_dot_rows): 2 at M = 2, else 4. The
+# weights are loaded and unpacked once for them all, so an x row more costs its x loads and
+# multiply-adds only (Q2_K's GEMV at sm_90, loop instructions a weight row and x row: 2.5 at
+# one x row a program, 1.95 at 2, 1.6 at 4; IQ2_XXS 4.8, 3.2, 2.3; BENCHMARKS.md "x rows a
+# GEMV program"). XR accumulators a weight row want registers: then ROWS = GEMV_XR_ROWS, 1
+# unless 2 issued less at both XR without a spill (sm_90; 2 spilled in every K-quant's loop
+# but Q2_K's and Q3_K's, and in the grid types')
+GEMV_XR_ROWS = dict.fromkeys(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_XS", "IQ1_M", "TQ2_0"], 2)
+# Fewer x rows where more spilled, by compute capability (ptxas for sm_80, Triton 3.9; sm_86,
+# 89, 90 and 120 spilled none at 4): at 4, Q4_K, Q5_K, Q6_K and TQ1_0 spilled 239-3176 bytes
+# in the K loop, IQ1_M and IQ4_XS 3-4 bytes outside it; at 2, Q6_K 14 and TQ1_0 82 in the loop
+GEMV_X_ROWS_MAX = {80: {**dict.fromkeys(["Q4_K", "Q5_K", "IQ1_M", "IQ4_XS"], 2), "Q6_K": 1, "TQ1_0": 1}}
+
+
+def gemv_x_rows(m: int, type_name: str = "", capability: int = 90) -> int:
+    """Rows of x a GEMV program takes at M rows of x: 1, 2 at M = 2, else 4, at most
+    GEMV_X_ROWS_MAX's for the type on a GPU of that compute capability."""
+    rows = 1 if m <= 1 else 2 if m == 2 else 4
+    return min(rows, GEMV_X_ROWS_MAX.get(capability, {}).get(type_name, 4))
 
 
 def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Device, dtype,
-                    tile: dict | None = None) -> dict:
+                    tile: dict | None = None, x_rows: int | None = None) -> dict:
     """The dot GEMV at M rows of x (a program each) on `device`: BN rows a program, PARTS
     calls a block column, split K until about PROGRAMS_PER_SM programs an SM, 2 unless told (a
     small matrix at batch 1 still fills the GPU), then further where the last wave fills the
@@ -792,8 +807,13 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
     PROGRAMS_PER_SM or SPLIT_K where it says), else the
     one tuned for this device and x's dtype, replaces the default. No tl.dot: its shared
     memory is a few KB at most (the tests' AOT compiles), nothing to fit."""
+    given = tile or tuned(device, dtype).get("gemv", {}).get(type_name, {})
     cfg = {"ROWS": GEMV_ROWS.get(type_name, 4), "PARTS": GEMV_PARTS.get(type_name, 1), "num_warps": 4,
-           "PROGRAMS_PER_SM": 2, **(tile or tuned(device, dtype).get("gemv", {}).get(type_name, {}))}
+           "PROGRAMS_PER_SM": 2, **given}
+    x_rows = x_rows or cfg.get("XR", gemv_x_rows(m, type_name, device.capability))
+    if x_rows > 1 and "XR" not in given:  # a tile for one x row a program (the tuner's, M = 1)
+        cfg["ROWS"] = GEMV_XR_ROWS.get(type_name, 1)
+    groups = -(-m // x_rows)
     warps, parts = cfg["num_warps"], cfg["PARTS"]
     bn = 32 * warps * cfg["ROWS"]
     tiles = -(-n // bn)
@@ -802,14 +822,15 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
         split_k = max(1, min(cfg["SPLIT_K"], n_blocks * parts))
     else:
         programs_per_sm, steps = cfg["PROGRAMS_PER_SM"], n_blocks * parts
-        while tiles * split_k * m < programs_per_sm * device.sms and split_k * 2 <= steps:
+        while tiles * split_k * groups < programs_per_sm * device.sms and split_k * 2 <= steps:
             split_k *= 2
         # then, as the fused GEMM's split (gemm_split_k), further where the last wave of
         # programs fills the SMs better: 14336 rows of Q4_0 (28 tiles of 512 rows) split 16
         # ways leave the busiest SM 4 programs where the average is 3.4 (0.85); 32, 0.97
-        split_k = split_for_the_last_wave(split_k, tiles * m, 4 * programs_per_sm * device.sms,
+        split_k = split_for_the_last_wave(split_k, tiles * groups, 4 * programs_per_sm * device.sms,
                                           device.sms, lambda split: split <= steps)
-    return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps, "STAGES": cfg.get("STAGES", 1)}
+    return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps, "STAGES": cfg.get("STAGES", 1),
+            "XR": x_rows}
 
 
 # The expert products (moe.py) take, by the rows the experts chosen get on average

@@ -247,13 +247,13 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         cfg = _deterministic(_gemv_config(type_name, m, n, b, x.device, x.dtype, tile))
         assert cfg["PARTS"] in fmt.dot_parts, (type_name, cfg)
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], m)
-        sums, counts, zero = _split_k_workspace(m, n, m * grid[0], cfg["SPLIT_K"], out)
+        grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], _cdiv(m, cfg["XR"]))
+        sums, counts, zero = _split_k_workspace(m, n, grid[2] * grid[0], cfg["SPLIT_K"], out)
         xf, xs = _prepared_x(x2, fmt, zero)
-        gemv_dot_kernel[grid](*args, xf, xs, out, sums, counts, n, b, out.stride(0),
+        gemv_dot_kernel[grid](*args, xf, xs, out, sums, counts, n, b, out.stride(0), m,
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
                               PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
-                              STAGES=cfg["STAGES"], num_warps=cfg["num_warps"])
+                              STAGES=cfg["STAGES"], XR=cfg["XR"], num_warps=cfg["num_warps"])
     else:
         cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b, _device(x.device),
                                                  x.dtype, tile))
@@ -333,8 +333,8 @@ def _assert_ids(ok: torch.Tensor, n_experts: int) -> None:
 
 
 def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device, dtype: torch.dtype,
-                 tile: dict | None = None) -> dict:
-    cfg = configs.gemv_dot_config(type_name, m, n, b, _device(device), dtype, tile)
+                 tile: dict | None = None, x_rows: int | None = None) -> dict:
+    cfg = configs.gemv_dot_config(type_name, m, n, b, _device(device), dtype, tile, x_rows)
     if device.type != "cuda":
         # the interpreter runs a program's rows as one array: tiles sized for a GPU's
         # threads (up to 2048 rows) would mostly compute masked rows
@@ -400,7 +400,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
     args = _plane_args(planes, fmt)
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
     if path == "gemv":  # about a row an expert: a GEMV a pair
-        cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype))
+        cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype, x_rows=1))
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
         grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
         sums, counts, zero = _split_k_workspace(pairs, n, pairs * grid[0], cfg["SPLIT_K"], out)

@@ -7,9 +7,12 @@ call; then `gemv_dot_kernel` runs the type's `dot` function (formats_*.py) on ea
 column: each tensor is 1-D over the tile's rows, so a thread owns BN / (32 * num_warps)
 whole rows and every x value it loads serves all of them. The dot function multiplies one
 block column by x straight from the packed fields, with the block's scales applied once per
-sub-block, not per weight. A program takes one row of x (grid axis 2): at M up to 8 a weight
-tile is unpacked once per row of x, and read again from L2. What this buys is measured from
-the SASS: `scripts/inspect_kernels.py --sass`.
+sub-block, not per weight. A program takes XR rows of x (grid axis 2; configs.gemv_x_rows:
+1 at M = 1, 2 at M = 2, else 4): the dot function is called for each row on the same block
+column, and the compiler loads and unpacks the weights once for all of them (the same
+loads and the same pure arithmetic: common subexpressions), so a weight tile is unpacked
+once per XR rows of x, and read again from L2 by the next program of rows. What this buys is
+measured from the SASS: `scripts/inspect_kernels.py --sass`, `scripts/estimate_paths.py`.
 
 With SPLIT_K > 1 the partial sums are added atomically into a float32 workspace, and the last
 program of each tile writes the total in x's dtype (split_k.py): with x's preparation, which
@@ -102,18 +105,21 @@ def prepare_x_q8_kernel(X, XQ, XS, K, stride_xm, Z, ZN, IDS, NIDS, E, OK, BLOCK:
     tl.store(XS + m * (K // 16) + groups, tl.reshape(sums, (BK // 16,)), mask=groups < K // 16)
 
 
-@triton.jit
-def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, N, B, stride_om,
+@triton.jit(do_not_specialize=["M"])
+def gemv_dot_kernel(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, N, B, stride_om, M,
                     BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
                     PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
-                    STAGES: tl.constexpr = 1):
+                    STAGES: tl.constexpr = 1, XR: tl.constexpr = 1):
     # XF, XS: the prepared x (prepare_x_kernel's float32 x, XSTRIDE = BLOCK elements a
     # block, or prepare_x_q8_kernel's int8 x and scales, XSTRIDE bytes a block) and the sums
     # of 16 of x, rows of B * XSTRIDE and B * BLOCK // 16; SUMS (float32, OUT's strides) and
-    # COUNTS [M, tiles] int32, zeroed: the split-K workspace (split_k.py)
-    m = tl.program_id(2)
-    gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF + m * B * XSTRIDE, XS + m * B * (BLOCK // 16),
-                 OUT, SUMS, COUNTS, N, B, stride_om, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE, STAGES)
+    # COUNTS [cdiv(M, XR), tiles] int32, zeroed: the split-K workspace (split_k.py). Program
+    # (., ., g) takes rows g XR .. g XR + XR - 1 of x (gemv_dot_rows).
+    first = tl.program_id(2) * XR
+    gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF + first * B * XSTRIDE,
+                  XS + first * B * (BLOCK // 16), OUT, SUMS, COUNTS,
+                  tl.minimum(XR, M - first), N, B, stride_om, BLOCK, BN, SPLIT_K, PARTS, DOT,
+                  XSTRIDE, STAGES, XR)
 
 
 @triton.jit
@@ -121,16 +127,96 @@ def gemv_dot_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, N, B, str
                  BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr, PARTS: tl.constexpr,
                  DOT: tl.constexpr, XSTRIDE: tl.constexpr, STAGES: tl.constexpr = 1):
     """One row of x (XF, XS at its first block) times BN rows of the weight (P0..P4 at its
-    first block column) into row program_id(2) of OUT (with SPLIT_K > 1 through SUMS and
-    COUNTS, the split-K workspace: split_k.py): the GEMV's body, shared with the expert GEMV
-    (moe.py). The output row's address is made after the K loop, as the split-K counter's is:
+    first block column) into row program_id(2) of OUT: gemv_dot_rows at XR = 1, for the
+    expert GEMV (moe.py)."""
+    gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, 1, N, B, stride_om,
+                  BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE, STAGES, 1)
+
+
+@triton.jit
+def row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, part, B, xrow,
+            BLOCK: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr):
+    """DOT of block column j for row `xrow` of the program's rows of x (XF, XS at the first)."""
+    return DOT(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XF + (xrow * B + j) * XSTRIDE,
+               XS + (xrow * B + j) * (BLOCK // 16), part, PARTS)
+
+
+@triton.jit
+def gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, live_rows, N, B,
+                  stride_om, BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
+                  PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
+                  STAGES: tl.constexpr = 1, XR: tl.constexpr = 1):
+    """XR rows of x (1, 2 or 4, consecutive from XF, XS; the first `live_rows` of them real,
+    the rest read the last real one again and are not stored) times BN rows of the weight
+    (P0..P4 at its first block column) into rows program_id(2) XR.. of OUT (with SPLIT_K > 1
+    through SUMS and COUNTS, the split-K workspace: split_k.py): the GEMV's body, shared with
+    the expert GEMV (moe.py, XR = 1). Each x row is DOT called
+    again on the same block column: its weight loads and its unpacking are the same values,
+    computed once by the compiler (common subexpressions), so a row more costs its x's loads
+    and multiply-adds, not the weights' unpacking again.
+    The output rows' addresses are made after the K loop, as the split-K counter's is:
     values made before it live across the loop, where ptxas may park them in local memory.
     STAGES > 1 (a tuner's candidate, configs.GEMV_CANDIDATES): the K loop under Triton's
     software pipeliner, STAGES - 1 iterations' planes loaded ahead (into
     shared memory, by asynchronous copies), for more bytes in flight a program."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     mask = rows < N
-    acc = tl.zeros((BN,), dtype=tl.float32)
+    if XR == 1:  # the one-row GEMV's code as it was before programs took rows of x
+        gemv_dot_one_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, rows, mask, N, B,
+                         stride_om, BLOCK, SPLIT_K, PARTS, DOT, XSTRIDE, STAGES)
+        return
+    last = live_rows - 1  # x's rows as offsets from the first: past the live ones, the last
+    acc0 = tl.zeros((BN,), dtype=tl.float32)
+    acc1 = tl.zeros((BN,), dtype=tl.float32)
+    acc2 = tl.zeros((BN,), dtype=tl.float32)
+    acc3 = tl.zeros((BN,), dtype=tl.float32)
+    if STAGES == 1:
+        i = tl.program_id(1)  # over (block column, part) pairs
+        while i < B * PARTS:
+            j = i // PARTS
+            acc0 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, 0,
+                            BLOCK, PARTS, DOT, XSTRIDE)
+            acc1 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                            tl.minimum(1, last), BLOCK, PARTS, DOT, XSTRIDE)
+            if XR > 2:
+                acc2 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                                tl.minimum(2, last), BLOCK, PARTS, DOT, XSTRIDE)
+                acc3 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                                tl.minimum(3, last), BLOCK, PARTS, DOT, XSTRIDE)
+            i += SPLIT_K
+    else:  # the same pairs, as a counted loop from 0 (what the pipeliner takes)
+        iterations = (B * PARTS - tl.program_id(1) + SPLIT_K - 1) // SPLIT_K
+        for it in tl.range(0, iterations, num_stages=STAGES):
+            i = tl.program_id(1) + it * SPLIT_K
+            j = i // PARTS
+            acc0 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, 0,
+                            BLOCK, PARTS, DOT, XSTRIDE)
+            acc1 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                            tl.minimum(1, last), BLOCK, PARTS, DOT, XSTRIDE)
+            if XR > 2:
+                acc2 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                                tl.minimum(2, last), BLOCK, PARTS, DOT, XSTRIDE)
+                acc3 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                                tl.minimum(3, last), BLOCK, PARTS, DOT, XSTRIDE)
+    r = tl.arange(0, XR)[:, None]
+    acc = tl.where(r == 0, acc0[None, :], acc1[None, :])
+    if XR > 2:
+        acc = tl.where(r == 2, acc2[None, :], tl.where(r == 3, acc3[None, :], acc))
+    at = (tl.program_id(2) * XR + r).to(tl.int64) * stride_om + rows[None, :]
+    live = (r < live_rows) & mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(OUT + at, acc.to(OUT.dtype.element_ty), mask=live)
+    else:
+        add_partial_sums(acc, SUMS, OUT, at, live, COUNTS, 1, SPLIT_K)
+
+
+@triton.jit
+def gemv_dot_one_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, rows, mask, N, B,
+                     stride_om, BLOCK: tl.constexpr, SPLIT_K: tl.constexpr,
+                     PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
+                     STAGES: tl.constexpr):
+    """gemv_dot_rows at XR = 1: one accumulator, row program_id(2) stored."""
+    acc = tl.zeros(rows.shape, dtype=tl.float32)
     if STAGES == 1:
         i = tl.program_id(1)  # over (block column, part) pairs
         while i < B * PARTS:

@@ -56,8 +56,8 @@ from gguf_repack_kernels.aot import (  # noqa: E402
 # the types of issue #31's table
 TYPES = ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4")
 # the families the candidates launch, and the BM of the GEMM ones
-FAMILIES = {"gemv": None, "dequantize": None, "gemm_m16": 16, "gemm_m32": 32, "gemm": 64,
-            "gemm_m128": 128}
+FAMILIES = {"gemv": None, "gemv_m2": None, "gemv_m4": None, "dequantize": None, "gemm_m16": 16,
+            "gemm_m32": 32, "gemm": 64, "gemm_m128": 128}
 # the expert products' families (--experts), and the BM of the tiles
 EXPERT_FAMILIES = {"moe_gemv": None, "moe_m16": 16, "moe_m32": 32, "moe_m64": 64}
 # where the rule is estimated beyond the table's M: on to the prefill sizes
@@ -127,17 +127,26 @@ def estimate(types, jobs: int, ms=PATH_MS, shapes=(SHAPE,), act: str = "fp16") -
         for name in types:
             type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
             out.setdefault(shape, {})[name] = matmul_path_estimates(
-                name, type_size, rows[name, "dequantize"], gemm[name], rows[name, "gemv"], ms,
+                name, type_size, rows[name, "dequantize"], gemm[name],
+                {rows[name, f]["config"]["XR"]: rows[name, f] for f in ("gemv", "gemv_m2", "gemv_m4")}, ms,
                 shape, act)
     return out[shapes[0]] if len(shapes) == 1 else out
 
 
 def rule(estimates: list[dict]) -> tuple:
-    """(largest M, choice) pairs of the fastest choice at each estimated M by the conservative
-    model (a fused tile's issue and MMA time added: aot.matmul_path_estimates' "best_serial"),
-    runs merged, the last open-ended (None); the GEMV kept at M = 1 (decode, the engines' CUDA
-    graphs)."""
-    best = [(e["M"], "gemv" if e["M"] == 1 else e["best_serial"]) for e in estimates]
+    """(largest M, choice) pairs of the fastest choice at each estimated M, runs merged, the
+    last open-ended (None); the GEMV kept at M = 1 (decode, the engines' CUDA graphs). Up to
+    configs.FUSED_MAX_M by issue #31's own model (a tile's issue and MMA time overlapped:
+    aot.matmul_path_estimates' "best"), beyond it by the conservative one (added:
+    "best_serial"), which was made so that an MMA-bound tile is not taken for a free one at
+    prefill sizes. Up to the cap the conservative model's added MMA time weighed against the
+    GEMV alone: with 2 and 4 rows of x a GEMV program it took the GEMV at M = 2 for Q4_0,
+    Q4_1, Q4_K and Q5_K, 0.59-0.76 of the ideal by the issue's model where the BM = 16 tile is
+    at 0.88-1.0 (BENCHMARKS.md "x rows a GEMV program"); past the cap an H200 timed the tiles
+    slower than dequantize+matmul anyway."""
+    cap = configs.FUSED_MAX_M
+    best = [(e["M"], "gemv" if e["M"] == 1 else e["best"] if e["M"] <= cap else e["best_serial"])
+            for e in estimates]
     pairs: list[list] = []
     for m, choice in best:
         if pairs and pairs[-1][1] == choice:

@@ -41,9 +41,11 @@ def test_every_family_and_type_compiled_for_both_archs(ptx_rows):
 # sm_80 ptxas (Triton 3.9's, --regAllocOptLevel=2) parks a few bytes of the split-K finish's
 # shared-memory addresses (split_k.py) in local memory: stored and loaded once a program,
 # against thousands of loop instructions; and IQ4_XS's at sm_90 (2 bytes, at its 72
-# registers, since its dot function takes int8 x), dense and expert alike.
+# registers, since its dot function takes int8 x), dense and expert alike; and Q5_1's at
+# sm_80 at 4 rows of x a program (gemv_m8: 3 bytes at 128 registers, since a program takes
+# rows of x: configs.gemv_x_rows).
 KNOWN_SPILLS = {("gemm", 80), ("gemv (raw GGUF blocks)", 90)}
-GEMV_EPILOGUE_SPILLS = {("Q4_K", 80), ("IQ2_XXS", 80), ("IQ4_XS", 90)}
+GEMV_EPILOGUE_SPILLS = {("Q4_K", 80), ("IQ2_XXS", 80), ("IQ4_XS", 90), ("Q5_1", 80)}
 # Likewise Q4_1's BM = 16 tile at sm_90, at the 64 registers ptxas gives it since the tiles load
 # without masks (gemm.py): two words of thread-id arithmetic, stored before the K loop and
 # loaded after it, once a program; and IQ1_S's (3 bytes), at the 128 registers ptxas gives it since
