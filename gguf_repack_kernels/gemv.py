@@ -142,6 +142,25 @@ def row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, part, B, xrow,
 
 
 @triton.jit
+def rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS, i, rows, mask, N, B, last,
+             BLOCK: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
+             XR: tl.constexpr):
+    """The accumulators of XR (2 or 4) rows of x plus their DOT of (block column, part) pair i:
+    x rows past `last` read row `last` again."""
+    j = i // PARTS
+    acc0 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, 0,
+                    BLOCK, PARTS, DOT, XSTRIDE)
+    acc1 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                    tl.minimum(1, last), BLOCK, PARTS, DOT, XSTRIDE)
+    if XR > 2:
+        acc2 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                        tl.minimum(2, last), BLOCK, PARTS, DOT, XSTRIDE)
+        acc3 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
+                        tl.minimum(3, last), BLOCK, PARTS, DOT, XSTRIDE)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, live_rows, N, B,
                   stride_om, BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
                   PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
@@ -173,31 +192,15 @@ def gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, live_row
     if STAGES == 1:
         i = tl.program_id(1)  # over (block column, part) pairs
         while i < B * PARTS:
-            j = i // PARTS
-            acc0 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, 0,
-                            BLOCK, PARTS, DOT, XSTRIDE)
-            acc1 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                            tl.minimum(1, last), BLOCK, PARTS, DOT, XSTRIDE)
-            if XR > 2:
-                acc2 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                                tl.minimum(2, last), BLOCK, PARTS, DOT, XSTRIDE)
-                acc3 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                                tl.minimum(3, last), BLOCK, PARTS, DOT, XSTRIDE)
+            acc0, acc1, acc2, acc3 = rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS,
+                                              i, rows, mask, N, B, last, BLOCK, PARTS, DOT, XSTRIDE, XR)
             i += SPLIT_K
     else:  # the same pairs, as a counted loop from 0 (what the pipeliner takes)
         iterations = (B * PARTS - tl.program_id(1) + SPLIT_K - 1) // SPLIT_K
         for it in tl.range(0, iterations, num_stages=STAGES):
-            i = tl.program_id(1) + it * SPLIT_K
-            j = i // PARTS
-            acc0 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, 0,
-                            BLOCK, PARTS, DOT, XSTRIDE)
-            acc1 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                            tl.minimum(1, last), BLOCK, PARTS, DOT, XSTRIDE)
-            if XR > 2:
-                acc2 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                                tl.minimum(2, last), BLOCK, PARTS, DOT, XSTRIDE)
-                acc3 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                                tl.minimum(3, last), BLOCK, PARTS, DOT, XSTRIDE)
+            acc0, acc1, acc2, acc3 = rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS,
+                                              tl.program_id(1) + it * SPLIT_K, rows, mask, N, B, last,
+                                              BLOCK, PARTS, DOT, XSTRIDE, XR)
     r = tl.arange(0, XR)[:, None]
     acc = tl.where(r == 0, acc0[None, :], acc1[None, :])
     if XR > 2:
