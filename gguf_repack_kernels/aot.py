@@ -36,7 +36,7 @@ from .dispatch import expert_path, gemm_dequant
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
 from .gemv import gemv_dot_kernel
-from .moe import moe_gemm_kernel, moe_gemv_kernel
+from .moe import moe_gemm_kernel, moe_gemv_kernel, moe_gemv_rows_kernel
 from .registry import FORMATS
 
 PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
@@ -47,10 +47,12 @@ PLANES = ["P0", "P1", "P2", "P3", "P4", "TABLE"]
 # gemm (BM = 64, at 128) and gemm_m128 (the swapped BM = 128, at 128: configs.swap_ab, BM = 64
 # for the other types); dequantize (then torch.matmul); embedding (which M takes which
 # path and tile: configs.matmul_choice);
-# moe_gemv, the expert products at decode (a GEMV a routed token), and the expert GEMM's
-# tiles moe_m16, moe_m32, moe_m64 (by the rows an expert gets)
+# moe_gemv, the expert products at decode (a GEMV a routed token), moe_gemv_x2 and _x4 (the
+# GEMV on 2 or 4 of an expert's rows a program), and the expert GEMM's tiles moe_m16,
+# moe_m32, moe_m64 (by the rows an expert gets)
 FAMILIES = ("dequantize", "gemv", "gemv_m2", "gemv_m4", "gemv_m8", "gemm", "gemm_m16", "gemm_m32",
-            "gemm_m128", "moe_gemv", "moe_m16", "moe_m32", "moe_m64", "embedding")
+            "gemm_m128", "moe_gemv", "moe_gemv_x2", "moe_gemv_x4", "moe_m16", "moe_m32", "moe_m64",
+            "embedding")
 # the tl.dot families: the ones whose shared memory grows with the tile (configs.py)
 DOT_FAMILIES = ("gemm_m16", "gemm_m32", "gemm", "gemm_m128", "moe_m16", "moe_m32", "moe_m64")
 # what inspect_kernels.py compiles unless told: the expert families are the dense ones with an
@@ -81,6 +83,8 @@ GEMM_M = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 128, "gemm_m128": 128, "moe_m1
 # the tile is not swapped: configs.gemm_config)
 # the GEMV families' M (their rows of x a program: configs.gemv_x_rows)
 GEMV_M = {"gemv": 1, "gemv_m2": 2, "gemv_m4": 4, "gemv_m8": 8}
+# the expert GEMV's rows of x a program (an expert's slots: configs.moe_gemv_x_rows)
+MOE_GEMV_XR = {"moe_gemv_x2": 2, "moe_gemv_x4": 4}
 GEMM_BM = {"gemm_m16": 16, "gemm_m32": 32, "gemm": 64, "gemm_m128": 128}
 
 
@@ -113,6 +117,17 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
         return moe_gemv_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
                                       "DOT": fmt.dot, "XSTRIDE": fmt.x_stride}, cfg, \
+            cfg["BN"] / cfg["PARTS"]
+    if family in MOE_GEMV_XR:  # XR of an expert's slots a program (the expert sort's tiles)
+        xr = MOE_GEMV_XR[family]
+        cfg = configs.gemv_dot_config(fmt.name, xr, n, k // block_size, dev, act, x_rows=xr)
+        sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"),
+               "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "X_ROWS": "*i32",
+               "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "E": "i32", **split_k, "N": "i32",
+               "B": "i32", "stride_om": "i32"}
+        return moe_gemv_rows_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
+                                           "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
+                                           "DOT": fmt.dot, "XSTRIDE": fmt.x_stride, "XR": xr}, cfg, \
             cfg["BN"] / cfg["PARTS"]
     if family in GEMV_M:
         # XR rows of x a program: at M = 8 each weight byte is unpacked by 2 programs
@@ -589,7 +604,7 @@ def tiles_by_expert(tokens: int, top: int, n_experts: int, bm: int) -> float:
 
 def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_rows: dict[int, dict],
                           stack: tuple[int, int, int, int], tokens=EXPERT_TOKENS,
-                          act: str = "fp16") -> list[dict]:
+                          act: str = "fp16", gemv_x_rows: dict[int, dict] | None = None) -> list[dict]:
     """Estimated time of the expert products of `tokens` tokens on an expert stack (E, top, N,
     K) on an H200, by each path (dispatch.expert_path's), against the same products with fp16
     weights and the ideal (the quantized weights of the experts chosen, read once), in the
@@ -599,6 +614,10 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
       of its expert's weight: the pairs of one expert lie apart in the launch (token order),
       and L2 (50 MB) holds a few experts of a stack (Qwen3-30B-A3B's 128 gate_up experts are
       226 MB in Q4_K), so no read is counted as a hit;
+    - the GEMV on XR of an expert's slots a program (`gemv_x_rows` by XR: the moe_gemv_x2 /
+      _x4 compiles; the dispatcher's config for that many pairs): the sort's tiles of XR slots
+      (tiles_by_expert) x the GEMV's programs a tile, at the compile's issue, and each tile's
+      read of its expert's weight;
     - the tiles at BM (`tile_rows` by BM: the moe_m16 / m32 / m64 compiles, sass_summary +
       gemm_summary; moe_config's tile at that BM): tiles_by_expert x ceil(N / BN) programs of
       K / (BLOCK STEP_BLOCKS) iterations, no split K; time = max(issue, tensor, the chosen
@@ -629,6 +648,14 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
         gemv = max(_issue_seconds(pairs * gemv_programs, gemv_iterations, gemv_row["loop_instructions"],
                                   c["num_warps"]), pairs * expert_bytes / H200_BANDWIDTH)
         times, serial = {"gemv": gemv}, {"gemv": gemv}
+        for xr, g in sorted((gemv_x_rows or {}).items()):
+            c = configs.gemv_dot_config(type_name, pairs, n, n_blocks, dev, act, x_rows=xr)
+            slot_tiles = tiles_by_expert(t, top, n_experts, xr)
+            iterations = -(-n_blocks * c["PARTS"] // c["SPLIT_K"])
+            programs = math.ceil(slot_tiles) * -(-n // c["BN"]) * c["SPLIT_K"]
+            times[f"gemv_x{xr}"] = serial[f"gemv_x{xr}"] = max(
+                _issue_seconds(programs, iterations, g["loop_instructions"], c["num_warps"]),
+                slot_tiles * expert_bytes / H200_BANDWIDTH)
         for bm, g in sorted(tile_rows.items()):
             cfg = configs.moe_config(type_name, block, bm, dev, act, n_blocks, bm=bm)
             programs = math.ceil(tiles_by_expert(t, top, n_experts, bm)) * -(-n // cfg["BN"])
@@ -639,7 +666,8 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
             times[f"tiles_bm{bm}"] = max(issue, tensor, memory)
             serial[f"tiles_bm{bm}"] = max(issue + tensor, memory)
         path = expert_path(type_name, t, top, n_experts)
-        choice = "gemv" if path == "gemv" else \
+        xr = configs.moe_gemv_x_rows(type_name, r, 90)
+        choice = ("gemv" if xr == 1 else f"gemv_x{xr}") if path == "gemv" else \
             f"tiles_bm{configs.moe_config(type_name, block, r, dev, act, n_blocks)['BM']}"
         row = {"type": type_name, "E": n_experts, "top": top, "N": n, "K": k, "tokens": t,
                "rows_per_expert": r, "fp16_us": fp16 * 1e6, "ideal_us": ideal * 1e6,

@@ -847,40 +847,127 @@ MOE_DEFAULT_RULE = ((1.0, "gemv"), (16, "tiles_bm16"), (32, "tiles_bm32"), (None
 
 # BEGIN estimate_paths --experts --write-configs
 MOE_RULE: dict[str, tuple] = {
-    'IQ1_M': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ1_S': ((4.07, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ2_S': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ2_XS': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ2_XXS': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ3_S': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ3_XXS': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ4_NL': ((1.568, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'IQ4_XS': ((1.568, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'MXFP4': ((1.568, 'gemv'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'NVFP4': ((1.568, 'gemv'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q2_K': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q3_K': ((2.302, 'gemv'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q4_0': ((1.553, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q4_1': ((1.553, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q4_K': ((1.568, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q5_0': ((1.256, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q5_1': ((1.256, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q5_K': ((1.256, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q6_K': ((1.115, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'IQ1_M': (
+        (1.553, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ1_S': (
+        (1.553, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ2_S': (
+        (1.256, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ2_XS': (
+        (1.256, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ2_XXS': (
+        (1.256, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ3_S': (
+        (1.115, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ3_XXS': (
+        (1.256, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ4_NL': (
+        (1.115, 'gemv'),
+        (1.568, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (16.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'IQ4_XS': (
+        (1.115, 'gemv'),
+        (1.568, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (16.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'MXFP4': ((1.24, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'NVFP4': ((1.099, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q2_K': (
+        (1.099, 'gemv'),
+        (2.302, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (16.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'Q3_K': (
+        (1.033, 'gemv'),
+        (1.568, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
+    'Q4_0': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q4_1': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q4_K': ((1.115, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q5_0': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q5_1': ((1.033, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q5_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q6_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q8_0': ((1.0, 'gemv'), (1.033, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'TQ1_0': ((1.568, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'TQ2_0': ((2.302, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'TQ1_0': ((1.115, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'TQ2_0': (
+        (1.0, 'gemv'),
+        (2.291, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
+        (8.003, 'tiles_bm16'),
+        (32.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
 }
 # END estimate_paths --experts --write-configs
 
 
 def moe_choice(type_name: str, rows_per_expert: float) -> str:
-    """"gemv" or "tiles_bm<BM>": how the expert products of `type_name` run when the experts
-    chosen get `rows_per_expert` rows on average (MOE_RULE, else MOE_DEFAULT_RULE)."""
+    """"gemv", "gemv_x<XR>" or "tiles_bm<BM>": how the expert products of `type_name` run when
+    the experts chosen get `rows_per_expert` rows on average (MOE_RULE, else
+    MOE_DEFAULT_RULE): the GEMV a (token, slot) pair, the GEMV on XR of an expert's rows a
+    program (the pairs sorted by expert into tiles of XR slots: moe.moe_gemv_rows_kernel),
+    or the tensor-core tiles."""
     if rows_per_expert <= 1.0:
         return "gemv"
     rule = MOE_RULE.get(type_name, MOE_DEFAULT_RULE)
     return next(choice for top, choice in rule if top is None or rows_per_expert <= top)
+
+
+def moe_gemv_x_rows(type_name: str, rows_per_expert: float, capability: int = 90) -> int:
+    """The rows of x an expert GEMV program takes (1: a (token, slot) pair; 2 or 4: that many
+    of an expert's slots), by moe_choice, at most GEMV_X_ROWS_MAX's for the type on a GPU of
+    that compute capability (the dense GEMV's cap: the same loop); 1 where it names a tile."""
+    choice = moe_choice(type_name, rows_per_expert)
+    if not choice.startswith("gemv_x"):
+        return 1
+    return min(int(choice[len("gemv_x"):]), GEMV_X_ROWS_MAX.get(capability, {}).get(type_name, 4))
 
 
 # The largest batch (in tokens) vLLM captures in CUDA graphs by default (its

@@ -17,7 +17,7 @@ from .dequantize import dequantize_kernel
 from .embedding import gather_rows_kernel
 from .gemm import gemm_kernel
 from .gemv import gemv_dot_kernel, prepare_x_kernel, prepare_x_q8_kernel
-from .moe import moe_gemm_kernel, moe_gemv_kernel, sort_by_expert_kernel
+from .moe import moe_gemm_kernel, moe_gemv_kernel, moe_gemv_rows_kernel, sort_by_expert_kernel
 from .registry import FORMATS, MAX_PLANES, Format
 
 # Each module registers its types on import.
@@ -345,13 +345,14 @@ def _gemv_config(type_name: str, m: int, n: int, b: int, device: torch.device, d
 def expert_path(type_name: str, tokens: int, top: int, routed_experts: int) -> str:
     """Which path multiplies `tokens` tokens routed to `top` experts each of the model's
     `routed_experts`, from these shapes alone (the same for every routing, as a CUDA graph
-    needs): "gemv" (a GEMV a pair), "tiles" (BM-row tiles of one expert each) or, past the
+    needs): "gemv" (a GEMV a pair, or a program on 2 or 4 of an expert's rows:
+    configs.moe_gemv_x_rows), "tiles" (BM-row tiles of one expert each) or, past the
     batch sizes engines capture in CUDA graphs, "dequantize+matmul". By the rows an expert
     gets on average (configs.routed_rows_per_expert), as the dense matmul chooses by M (the
     estimate's rule: configs.moe_choice). Under expert parallelism `routed_experts` is the
     model's count, not this rank's stack: a local expert gets the rows any expert gets."""
     rows = configs.routed_rows_per_expert(tokens, top, routed_experts)
-    if configs.moe_choice(type_name, rows) == "gemv":
+    if configs.moe_choice(type_name, rows).startswith("gemv"):
         return "gemv"
     if tokens > configs.MOE_GRAPH_MAX_TOKENS and \
             rows >= configs.dequantize_matmul_min_m(_format(type_name).block_size):
@@ -399,6 +400,10 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
     pairs = t * top
     args = _plane_args(planes, fmt)
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
+    rows_per_expert = configs.routed_rows_per_expert(t, top, routed)
+    x_rows = configs.moe_gemv_x_rows(fmt.name, rows_per_expert, _device(x.device).capability)
+    if path == "gemv" and x_rows > 1:  # a few rows an expert: the GEMV on x_rows of them a program
+        return _expert_gemv_rows(x, x2, ids, args, strides, fmt, shape, x_rows)
     if path == "gemv":  # about a row an expert: a GEMV a pair
         cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype, x_rows=1))
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
@@ -411,8 +416,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
                               BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.reshape(t, top, n)
-    cfg = configs.moe_config(fmt.name, fmt.block_size, configs.routed_rows_per_expert(t, top, routed),
-                             _device(x.device), x.dtype, b)
+    cfg = configs.moe_config(fmt.name, fmt.block_size, rows_per_expert, _device(x.device), x.dtype, b)
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
     grid = (tile_expert.numel(), _cdiv(n, cfg["BN"]))
@@ -423,6 +427,28 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
                           SWAP=configs.swap_ab(fmt.name, cfg["BM"], x.dtype),
                           STEP_BLOCKS=cfg["STEP_BLOCKS"], num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"])
+    return out.reshape(t, top, n)
+
+
+def _expert_gemv_rows(x, x2, ids, args, strides, fmt, shape, x_rows):
+    """The expert GEMV at a few rows an expert (moe.moe_gemv_rows_kernel): the pairs sorted
+    by expert into tiles of `x_rows` slots (the tiles' sort), a GEMV program a tile, each
+    reading its expert's weights once for its rows. The grid holds the sort's most tiles
+    (shapes alone, as a CUDA graph needs); the ids are checked by the sort."""
+    n_experts, n, k = shape
+    b = k // fmt.block_size
+    t, top = ids.shape
+    pairs = t * top
+    cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype, x_rows=x_rows))
+    slot_x, slot_out, tile_expert = _sorted_by_expert(ids, n_experts, x_rows, x.dim() == 3)
+    out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
+    grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], tile_expert.numel())
+    sums, counts, zero = _split_k_workspace(pairs, n, grid[0] * grid[2], cfg["SPLIT_K"], out)
+    xf, xs = _prepared_x(x2, fmt, zero)
+    moe_gemv_rows_kernel[grid](*args, *strides, xf, xs, slot_x, slot_out, tile_expert, n_experts,
+                               out, sums, counts, n, b, out.stride(0), BLOCK=fmt.block_size,
+                               BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
+                               XSTRIDE=fmt.x_stride, XR=x_rows, num_warps=cfg["num_warps"])
     return out.reshape(t, top, n)
 
 

@@ -142,21 +142,21 @@ def row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, part, B, xrow,
 
 
 @triton.jit
-def rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS, i, rows, mask, N, B, last,
-             BLOCK: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
-             XR: tl.constexpr):
+def rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS, i, rows, mask, N, B,
+             x0, x1, x2, x3, BLOCK: tl.constexpr, PARTS: tl.constexpr, DOT: tl.constexpr,
+             XSTRIDE: tl.constexpr, XR: tl.constexpr):
     """The accumulators of XR (2 or 4) rows of x plus their DOT of (block column, part) pair i:
-    x rows past `last` read row `last` again."""
+    x rows x0..x3 (from XF, XS; x2 and x3 read only at XR = 4)."""
     j = i // PARTS
-    acc0 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, 0,
+    acc0 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, x0,
                     BLOCK, PARTS, DOT, XSTRIDE)
-    acc1 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                    tl.minimum(1, last), BLOCK, PARTS, DOT, XSTRIDE)
+    acc1 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, x1,
+                    BLOCK, PARTS, DOT, XSTRIDE)
     if XR > 2:
-        acc2 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                        tl.minimum(2, last), BLOCK, PARTS, DOT, XSTRIDE)
-        acc3 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B,
-                        tl.minimum(3, last), BLOCK, PARTS, DOT, XSTRIDE)
+        acc2 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, x2,
+                        BLOCK, PARTS, DOT, XSTRIDE)
+        acc3 += row_dot(P0, P1, P2, P3, P4, TABLE, XF, XS, j, rows, mask, N, i % PARTS, B, x3,
+                        BLOCK, PARTS, DOT, XSTRIDE)
     return acc0, acc1, acc2, acc3
 
 
@@ -164,15 +164,17 @@ def rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS, i, rows,
 def gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, live_rows, N, B,
                   stride_om, BLOCK: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
                   PARTS: tl.constexpr, DOT: tl.constexpr, XSTRIDE: tl.constexpr,
-                  STAGES: tl.constexpr = 1, XR: tl.constexpr = 1):
-    """XR rows of x (1, 2 or 4, consecutive from XF, XS; the first `live_rows` of them real,
-    the rest read the last real one again and are not stored) times BN rows of the weight
-    (P0..P4 at its first block column) into rows program_id(2) XR.. of OUT (with SPLIT_K > 1
-    through SUMS and COUNTS, the split-K workspace: split_k.py): the GEMV's body, shared with
-    the expert GEMV (moe.py, XR = 1). Each x row is DOT called
-    again on the same block column: its weight loads and its unpacking are the same values,
-    computed once by the compiler (common subexpressions), so a row more costs its x's loads
-    and multiply-adds, not the weights' unpacking again.
+                  STAGES: tl.constexpr = 1, XR: tl.constexpr = 1, X_ROWS=None, OUT_ROWS=None):
+    """XR rows of x (1, 2 or 4) times BN rows of the weight (P0..P4 at its first block column)
+    into XR rows of OUT (with SPLIT_K > 1 through SUMS and COUNTS, the split-K workspace:
+    split_k.py): the GEMV's body, shared with the expert GEMVs (moe.py). The rows: consecutive
+    from XF, XS into rows program_id(2) XR.. of OUT, the first `live_rows` of them real, the
+    rest reading the last real one again and not stored; or, given X_ROWS and OUT_ROWS (XR >
+    1: the expert sort's slots, moe.py), x's rows X_ROWS[0..XR) into OUT's rows
+    OUT_ROWS[0..XR), a slot of -1 reading the first one's x and not stored. Each x row is DOT
+    called again on the same block column: its weight loads and its unpacking are the same
+    values, computed once by the compiler (common subexpressions), so a row more costs its
+    x's loads and multiply-adds, not the weights' unpacking again.
     The output rows' addresses are made after the K loop, as the split-K counter's is:
     values made before it live across the loop, where ptxas may park them in local memory.
     STAGES > 1 (a tuner's candidate, configs.GEMV_CANDIDATES): the K loop under Triton's
@@ -184,7 +186,15 @@ def gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, live_row
         gemv_dot_one_row(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, rows, mask, N, B,
                          stride_om, BLOCK, SPLIT_K, PARTS, DOT, XSTRIDE, STAGES)
         return
-    last = live_rows - 1  # x's rows as offsets from the first: past the live ones, the last
+    if X_ROWS is None:  # x's rows as offsets from the first: past the live ones, the last
+        last = live_rows - 1
+        x0, x1, x2, x3 = 0, tl.minimum(1, last), tl.minimum(2, last), tl.minimum(3, last)
+    else:  # the slots' rows; a slot's first is a pair's, padding (-1) reads it again (int32,
+        # as the dense GEMV's offsets: int64 cost Q6_K's 4-row loop 5% more instructions)
+        x0 = tl.load(X_ROWS)
+        x1 = slot_row(X_ROWS, 1, x0)
+        x2 = slot_row(X_ROWS, 2 % XR, x0)
+        x3 = slot_row(X_ROWS, 3 % XR, x0)
     acc0 = tl.zeros((BN,), dtype=tl.float32)
     acc1 = tl.zeros((BN,), dtype=tl.float32)
     acc2 = tl.zeros((BN,), dtype=tl.float32)
@@ -193,24 +203,37 @@ def gemv_dot_rows(P0, P1, P2, P3, P4, TABLE, XF, XS, OUT, SUMS, COUNTS, live_row
         i = tl.program_id(1)  # over (block column, part) pairs
         while i < B * PARTS:
             acc0, acc1, acc2, acc3 = rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS,
-                                              i, rows, mask, N, B, last, BLOCK, PARTS, DOT, XSTRIDE, XR)
+                                              i, rows, mask, N, B, x0, x1, x2, x3, BLOCK, PARTS, DOT,
+                                              XSTRIDE, XR)
             i += SPLIT_K
     else:  # the same pairs, as a counted loop from 0 (what the pipeliner takes)
         iterations = (B * PARTS - tl.program_id(1) + SPLIT_K - 1) // SPLIT_K
         for it in tl.range(0, iterations, num_stages=STAGES):
             acc0, acc1, acc2, acc3 = rows_dot(acc0, acc1, acc2, acc3, P0, P1, P2, P3, P4, TABLE, XF, XS,
-                                              tl.program_id(1) + it * SPLIT_K, rows, mask, N, B, last,
-                                              BLOCK, PARTS, DOT, XSTRIDE, XR)
+                                              tl.program_id(1) + it * SPLIT_K, rows, mask, N, B,
+                                              x0, x1, x2, x3, BLOCK, PARTS, DOT, XSTRIDE, XR)
     r = tl.arange(0, XR)[:, None]
     acc = tl.where(r == 0, acc0[None, :], acc1[None, :])
     if XR > 2:
         acc = tl.where(r == 2, acc2[None, :], tl.where(r == 3, acc3[None, :], acc))
-    at = (tl.program_id(2) * XR + r).to(tl.int64) * stride_om + rows[None, :]
-    live = (r < live_rows) & mask[None, :]
+    if OUT_ROWS is None:
+        out_row = (tl.program_id(2) * XR + r).to(tl.int64)
+        live = (r < live_rows) & mask[None, :]
+    else:
+        out_row = tl.load(OUT_ROWS + r).to(tl.int64)
+        live = (out_row >= 0) & mask[None, :]
+    at = out_row * stride_om + rows[None, :]
     if SPLIT_K == 1:
         tl.store(OUT + at, acc.to(OUT.dtype.element_ty), mask=live)
     else:
         add_partial_sums(acc, SUMS, OUT, at, live, COUNTS, 1, SPLIT_K)
+
+
+@triton.jit
+def slot_row(X_ROWS, slot, first):
+    """The row of x of an expert slot (the sort's X_ROWS), or `first` where it is padding."""
+    row = tl.load(X_ROWS + slot)
+    return tl.where(row >= 0, row, first)
 
 
 @triton.jit

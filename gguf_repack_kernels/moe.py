@@ -10,8 +10,10 @@ At decode with few tokens the experts chosen get a row each, and a BM-row tile w
 mostly padding, its dequantization's issue the bound: there each (token, slot) pair is a
 program of the GEMV (gemv.py's body, the type's dot function) on its expert's planes,
 `moe_gemv_kernel`. Each pair's GEMV reads its expert's weights again, so from a row or two an
-expert on the tiles read less; dispatch.py chooses by the rows an expert gets on average
-(dispatch.expert_path, configs.MOE_RULE: the estimate's rule).
+expert, the same sort into tiles of 2 or 4 slots makes each tile a GEMV program on its
+expert's rows (`moe_gemv_rows_kernel`: the dense GEMV's rows of x a program), and past a few
+rows the tensor-core tiles read less; dispatch.py chooses by the rows an expert gets on
+average (dispatch.expert_path, configs.MOE_RULE: the estimate's rule).
 """
 
 import triton
@@ -19,7 +21,7 @@ import triton.language as tl
 
 from .fields import tile_columns
 from .gemm import dequant_tile, tile_product, tile_result
-from .gemv import gemv_dot_row
+from .gemv import gemv_dot_row, gemv_dot_rows
 
 
 @triton.jit
@@ -43,6 +45,28 @@ def moe_gemv_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, XF, XS, IDS, 
     gemv_dot_row(P0 + e * S0, P1 + e * S1, P2 + e * S2, P3 + e * S3, P4 + e * S4, TABLE,
                  XF + x * B * XSTRIDE, XS + x * B * (BLOCK // 16), OUT, SUMS, COUNTS, N, blocks,
                  stride_om, BLOCK, BN, SPLIT_K, PARTS, DOT, XSTRIDE)
+
+
+@triton.jit
+def moe_gemv_rows_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, XF, XS, X_ROWS, OUT_ROWS,
+                         TILE_EXPERT, E, OUT, SUMS, COUNTS, N, B, stride_om, BLOCK: tl.constexpr,
+                         BN: tl.constexpr, SPLIT_K: tl.constexpr, PARTS: tl.constexpr,
+                         DOT: tl.constexpr, XSTRIDE: tl.constexpr, XR: tl.constexpr):
+    # program (., ., tile): the expert sort's tile of XR slots (sort_by_expert_kernel at BM =
+    # XR), its rows of the prepared x (gemv.py) times its expert TILE_EXPERT[tile], the GEMV
+    # taking XR rows of x a program (gemv.gemv_dot_rows): an expert's weights read once for
+    # every XR of its rows, not once a row. A tile past the last (-1) has nothing to do; the
+    # tiles of expert E ("none": another rank's experts) read no weight and write zeros.
+    # SUMS (float32, OUT's strides) and COUNTS [tiles, N tiles], zeroed: split K's workspace
+    tile = tl.program_id(2)
+    e = tl.load(TILE_EXPERT + tile).to(tl.int64)
+    if e >= 0:
+        live = e < E
+        blocks = tl.where(live, B, 0)
+        e = tl.where(live, e, 0)
+        gemv_dot_rows(P0 + e * S0, P1 + e * S1, P2 + e * S2, P3 + e * S3, P4 + e * S4, TABLE,
+                      XF, XS, OUT, SUMS, COUNTS, XR, N, blocks, stride_om, BLOCK, BN, SPLIT_K,
+                      PARTS, DOT, XSTRIDE, 1, XR, X_ROWS + tile * XR, OUT_ROWS + tile * XR)
 
 
 @triton.jit

@@ -242,8 +242,8 @@ def bench_weight(name, n, k, batches, device, timer, copy_bw, rng) -> list[dict]
 # gate (or up) projections: 128 experts of 768 x 2048, 8 a token; at decode (a GEMV a pair)
 # and past it (the tiles). Issue #31's measure: the bytes of the experts the tokens touched,
 # over the time, against the device's copy bandwidth. Where the experts chosen get more than
-# a row each, the path configs.MOE_RULE does not take is timed too ("other path": the GEMV
-# for the tiles, the rule's first tile for the GEMV), so that a GPU says where the rule,
+# a row each, the path configs.MOE_RULE does not take is timed too ("other path": the GEMV on
+# 4 of an expert's rows for the tiles, the rule's first tile for the GEMV), so that a GPU says where the rule,
 # fitted to an estimate, should cross over.
 EXPERT_STACK = (128, 768, 2048)
 EXPERT_TOP = 8
@@ -266,14 +266,15 @@ def expert_choice(name: str, choice: str):
 
 
 def other_expert_choice(name: str, tokens: int, top: int, experts: int) -> str | None:
-    """The choice the rule does not take at this batch: the GEMV where it takes tiles, else its
-    first tile; none where the experts chosen get a row each (the GEMV whatever the rule)."""
+    """The choice the rule does not take at this batch: the GEMV on 4 of an expert's rows a
+    program where it takes tiles, else its first tile; none where the experts chosen get a
+    row each (the GEMV whatever the rule)."""
     if kernels.configs.routed_rows_per_expert(tokens, top, experts) <= 1.0:
         return None
     if kernels.dispatch.expert_path(name, tokens, top, experts) == "tiles":
-        return "gemv"
+        return "gemv_x4"
     rule = kernels.configs.MOE_RULE.get(name, kernels.configs.MOE_DEFAULT_RULE)
-    return next(choice for _, choice in rule if choice != "gemv")
+    return next(choice for _, choice in rule if choice.startswith("tiles"))
 
 
 def bench_experts(name, device, timer, copy_bw, rng, smoke: bool) -> list[dict]:

@@ -30,7 +30,7 @@ from gguf_repack.format.layout import pack  # noqa: E402
 from gguf_repack.format.type_table import TYPES_BY_NAME  # noqa: E402
 
 KERNELS = ("gemv_dot_kernel", "prepare_x_kernel", "prepare_x_q8_kernel", "gemm_kernel", "dequantize_kernel",
-           "moe_gemv_kernel", "moe_gemm_kernel", "sort_by_expert_kernel")
+           "moe_gemv_kernel", "moe_gemv_rows_kernel", "moe_gemm_kernel", "sort_by_expert_kernel")
 
 
 class _NoLaunch:

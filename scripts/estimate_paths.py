@@ -16,7 +16,8 @@ bytes). The model is gguf_repack_kernels/aot.py: matmul_path_estimates. Estimate
 the GEMV kept at M = 1. Run without TRITON_INTERPRET (it is removed here).
 
 --experts estimates the expert products instead (aot.expert_path_estimates: the expert GEMV,
-a program a (token, slot) pair, against the expert tiles of BM = 16, 32 and 64) on the expert
+a program a (token, slot) pair or 2 or 4 of an expert's rows, against the expert tiles of
+BM = 16, 32 and 64) on the expert
 stacks of aot.EXPERT_SHAPES (Qwen3-30B-A3B's, DeepSeek-V3's) at 1 to 512 tokens, by the rows
 the experts chosen get on average; with --write-configs, one rule a type from them
 (expert_rule) as configs.py's MOE_RULE. `--json` then holds the estimates, the rules and the
@@ -44,6 +45,7 @@ from gguf_repack_kernels.aot import (  # noqa: E402
     CHOICES,
     EXPERT_SHAPES,
     EXPERT_TOKENS,
+    MOE_GEMV_XR,
     PATH_MS,
     SHAPE,
     compile_family,
@@ -59,7 +61,8 @@ TYPES = ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4")
 FAMILIES = {"gemv": None, "gemv_m2": None, "gemv_m4": None, "dequantize": None, "gemm_m16": 16,
             "gemm_m32": 32, "gemm": 64, "gemm_m128": 128}
 # the expert products' families (--experts), and the BM of the tiles
-EXPERT_FAMILIES = {"moe_gemv": None, "moe_m16": 16, "moe_m32": 32, "moe_m64": 64}
+EXPERT_FAMILIES = {"moe_gemv": None, "moe_gemv_x2": None, "moe_gemv_x4": None, "moe_m16": 16,
+                   "moe_m32": 32, "moe_m64": 64}
 # where the rule is estimated beyond the table's M: on to the prefill sizes
 RULE_MS = PATH_MS + (384, 512, 768, 1024, 2048, 4096)
 CONFIGS = Path(configs.__file__)
@@ -215,7 +218,7 @@ def markdown(estimates: dict[str, list[dict]]) -> str:
 def estimate_experts(types, jobs: int, act: str = "fp16") -> tuple[dict, dict]:
     """({type: {stack name: aot.expert_path_estimates' rows at EXPERT_TOKENS}} for every stack
     of aot.EXPERT_SHAPES, {type: {family: its compile's measures}}), from the expert families'
-    compiles (the expert GEMV and the three tiles)."""
+    compiles (the expert GEMV a pair and on 2 and 4 of an expert's rows, the three tiles)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     tasks = [(name, family, None, act) for name in types for family in EXPERT_FAMILIES]
@@ -225,44 +228,58 @@ def estimate_experts(types, jobs: int, act: str = "fp16") -> tuple[dict, dict]:
     for name in types:
         type_size = GGML_QUANT_SIZES[GGMLQuantizationType[name]][1]
         tiles = {bm: rows[name, family] for family, bm in EXPERT_FAMILIES.items() if bm}
+        x_rows = {xr: rows[name, family] for family, xr in MOE_GEMV_XR.items()}
         out[name] = {stack: expert_path_estimates(name, type_size, rows[name, "moe_gemv"], tiles, shape,
-                                                  EXPERT_TOKENS, act)
+                                                  EXPERT_TOKENS, act, x_rows)
                      for stack, shape in EXPERT_SHAPES.items()}
     return out, {name: {family: rows[name, family] for family in EXPERT_FAMILIES} for name in types}
 
 
+TIE_WEIGHT = 0.05  # expert_rule: the conservative model's share of the loss
+
+
 def expert_rule(by_stack: dict[str, list[dict]]) -> tuple:
     """One rule for the expert products of a type, configs.MOE_RULE's (largest rows an expert,
-    choice) pairs: the GEMV up to some rows an expert (one at least), then the tiles of BM = 16,
-    32 and 64 in that order (any of them left out), the last open-ended; of all such rules the
-    one closest to the estimate's fastest choice at every estimated batch size and stack, by
-    the conservative model (a tile's issue and MMA time added): the least sum of log(time of
-    the rule's choice / the fastest's). Each stack's choices are close near one row an expert
-    (which stack prefers the GEMV there differs), so the fastest choice point by point would
-    alternate; the rule is monotone."""
-    points = [(e["rows_per_expert"], e["times_serial_us"]) for rows in by_stack.values() for e in rows]
-    tiles = sorted((c for c in points[0][1] if c.startswith("tiles_bm")),
-                   key=lambda c: int(c[len("tiles_bm"):]))
+    choice) pairs: the GEMV a pair up to some rows an expert (one at least), then the GEMV on 2
+    and on 4 of an expert's rows, then the tiles of BM = 16, 32 and 64, in that order (any but
+    the first left out), the last open-ended; of all such rules the one closest to the
+    estimate's fastest choice at every estimated batch size and stack: the least sum of
+    log(time of the rule's choice / the fastest's). By the dense rule's models (rule): up to
+    configs.FUSED_MAX_M rows an expert #31's own (a tile's issue and MMA time overlapped),
+    beyond it the conservative one (added). With the GEMV on rows of an expert the
+    conservative model took it over the BM = 16 tile at 2.3-4 rows (IQ4_XS: 82 us against
+    the tile's 88, where the issue's model has the tile at 62), as it had taken the dense
+    GEMV at M = 2. Each stack's choices are close near one row an expert (which stack prefers
+    the GEMV there differs), so the fastest choice point by point would alternate; the rule
+    is monotone."""
+    cap = configs.FUSED_MAX_M
+    points = [(e["rows_per_expert"], e["times_us"] if e["rows_per_expert"] <= cap else e["times_serial_us"],
+               e["times_serial_us"]) for rows in by_stack.values() for e in rows]
+    order = sorted((c for c in points[0][1] if c != "gemv"),
+                   key=lambda c: (c.startswith("tiles_bm"), int(re.sub(r"\D", "", c))))
     # bounds at the estimated rows, rounded up (the dispatcher compares the rows unrounded)
-    cuts = sorted({math.ceil(r * 1000) / 1000 for r, _ in points if r >= 1.0} | {1.0}) + [math.inf]
-    loss = [{c: math.log(t[c] / min(t.values())) for c in t} for _, t in points]
+    cuts = sorted({math.ceil(r * 1000) / 1000 for r, _, _ in points if r >= 1.0} | {1.0}) + [math.inf]
+    # where the overlapped model ties (every choice at the memory bound: Q6_K's and Q8_0's
+    # tiles of any BM), the conservative one's order decides, at a twentieth of the weight
+    loss = [{c: math.log(t[c] / min(t.values())) + TIE_WEIGHT * math.log(serial[c] / min(serial.values()))
+             for c in t} for _, t, serial in points]
 
     def cost(bounds):  # bounds: the largest rows of the GEMV and of each tile in order
         total = 0.0
-        for (r, _), lost in zip(points, loss):
+        for (r, _, _), lost in zip(points, loss):
             # (the GEMV's bound is 1 or more: one token's experts are its, as configs.moe_choice has it)
             i = next(i for i, top in enumerate(bounds) if r <= top)
-            total += lost[(["gemv"] + tiles)[i]]
+            total += lost[(["gemv"] + order)[i]]
         return total
 
     best = None
     # the GEMV's bound and each tile's but the last, in increasing order (the last: the rest)
-    for bounds in itertools.combinations_with_replacement(cuts[:-1], len(tiles)):
+    for bounds in itertools.combinations_with_replacement(cuts[:-1], len(order)):
         c = cost(bounds + (math.inf,))
         if best is None or c < best[0] - 1e-12:
             best = (c, bounds + (math.inf,))
     rule, low = [], None
-    for top, choice in zip(best[1], ["gemv"] + tiles):
+    for top, choice in zip(best[1], ["gemv"] + order):
         if low is not None and top <= low:
             continue  # an empty run
         rule.append((None if top == math.inf else top, choice))

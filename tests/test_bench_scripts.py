@@ -115,8 +115,9 @@ def test_bench_hf_runs_on_smollm2(smollm2):
 def test_bench_gpu_times_the_expert_path_the_rule_does_not_take():
     """bench_gpu.py's "other path" of the expert products, on Qwen3-30B-A3B's stack (128
     experts, 8 a token): none for one token (a row an expert: the GEMV whatever the rule);
-    at 64 tokens (4 rows an expert, the tiles) the GEMV; where the rule keeps the GEMV past a
-    row (8 tokens, 1.2 rows, Q4_K) its first tile; the rule put back after."""
+    at 64 tokens (4 rows an expert, the tiles) the GEMV on 4 of an expert's rows a program;
+    where the rule keeps the GEMV past a row (4 tokens, 1.1 rows, Q4_K; 16 tokens, 1.6 rows,
+    IQ4_XS, on 2 rows a program) its first tile; the rule put back after."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "scripts" / "bench_gpu.py")
@@ -125,9 +126,12 @@ def test_bench_gpu_times_the_expert_path_the_rule_does_not_take():
     rule = kernels.configs.MOE_RULE["Q4_K"]
     assert bench_gpu.other_expert_choice("Q4_K", 1, 8, 128) is None
     assert kernels.dispatch.expert_path("Q4_K", 64, 8, 128) == "tiles"
-    assert bench_gpu.other_expert_choice("Q4_K", 64, 8, 128) == "gemv"
-    assert kernels.dispatch.expert_path("Q4_K", 8, 8, 128) == "gemv"
-    assert bench_gpu.other_expert_choice("Q4_K", 8, 8, 128) == next(c for _, c in rule if c != "gemv")
+    assert bench_gpu.other_expert_choice("Q4_K", 64, 8, 128) == "gemv_x4"
+    assert kernels.dispatch.expert_path("Q4_K", 4, 8, 128) == "gemv"
+    assert bench_gpu.other_expert_choice("Q4_K", 4, 8, 128) == next(c for _, c in rule if c != "gemv")
+    assert kernels.configs.moe_gemv_x_rows("IQ4_XS", kernels.configs.routed_rows_per_expert(16, 8, 128)) == 2
+    assert kernels.dispatch.expert_path("IQ4_XS", 16, 8, 128) == "gemv"
+    assert bench_gpu.other_expert_choice("IQ4_XS", 16, 8, 128) == "tiles_bm16"
     with bench_gpu.expert_choice("Q4_K", "gemv"):
         assert kernels.dispatch.expert_path("Q4_K", 64, 8, 128) == "gemv"
     assert kernels.configs.MOE_RULE["Q4_K"] == rule

@@ -146,13 +146,18 @@ def _routings(tokens: int, experts: int, top: int):
     return uniform, skewed
 
 
-EXPERT_CASES = [("Q4_K", 1), ("Q8_0", 4), ("Q4_K", 64), pytest.param("Q8_0", 256, marks=pytest.mark.slow),
-                pytest.param("Q4_K", 512, marks=pytest.mark.slow)]
+# (type, tokens, path, rows of x a GEMV program): Q2_K at 4 tokens (1.5 rows an expert) takes
+# the GEMV on 2 of an expert's rows a program (configs.MOE_RULE)
+EXPERT_CASES = [("Q4_K", 1, "gemv", 1), ("Q8_0", 4, "tiles", 1), ("Q2_K", 4, "gemv", 2),
+                ("Q4_K", 64, "tiles", 1),
+                pytest.param("Q8_0", 256, "tiles", 1, marks=pytest.mark.slow),
+                pytest.param("Q4_K", 512, "tiles", 1, marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("name, tokens", EXPERT_CASES)
-def test_expert_products_never_sync_and_launch_alike_for_every_routing(name, tokens):
-    """At 1, 4, 64, 256 and 512 tokens (the GEMV a pair, then tiles by configs.MOE_RULE), x per
+@pytest.mark.parametrize("name, tokens, path, x_rows", EXPERT_CASES)
+def test_expert_products_never_sync_and_launch_alike_for_every_routing(name, tokens, path, x_rows):
+    """At 1, 4, 64, 256 and 512 tokens (the GEMV a pair, on 2 rows of an expert, then tiles by
+    configs.MOE_RULE), x per
     token (gate, up) and per slot (down): no host sync; the same launches for two routings
     as different as can be; and each routing's products are the torch backend's (a graph
     captured with one routing is replayed with the other: buffers sized for any)."""
@@ -170,8 +175,9 @@ def test_expert_products_never_sync_and_launch_alike_for_every_routing(name, tok
             ref = w.expert_matmul(x, ids, backend="torch")
             assert ((got - ref).abs().max() / ref.abs().max()).item() <= 2e-2, (name, tokens)
     assert launches[0] == launches[2] and launches[1] == launches[3], (name, tokens)
-    path = kernels.dispatch.expert_path(name, tokens, top, experts)
-    assert path == ("gemv" if tokens == 1 else "tiles"), path
+    assert kernels.dispatch.expert_path(name, tokens, top, experts) == path
+    rows = kernels.configs.routed_rows_per_expert(tokens, top, experts)
+    assert kernels.configs.moe_gemv_x_rows(name, rows) == x_rows
 
 
 @pytest.mark.parametrize("m", [1, 4, 16, 64, 256])
@@ -199,7 +205,8 @@ def test_each_product_is_its_kernels_alone(monkeypatch):
     each pair's row of x by two more, the output zeroed twice and cast). The expert tiles: the
     sort by expert (with the ids' check), an assert, the tiles (which write the rows of another
     rank's experts as zeros: before, a zeroing of the whole output too); before that, 45 (the
-    sort some 40 torch ops)."""
+    sort some 40 torch ops). The expert GEMV on rows of an expert: the same sort, x's
+    preparation (zeroing the split-K workspace), the GEMV."""
     monkeypatch.setattr(kernels.dispatch, "_device", lambda device: kernels.configs.Device(0, 0, 132))
     w = stack("Q4_K", (40, 256 * 4))
     experts = stack("Q8_0", (4, 64, 64))
@@ -210,8 +217,11 @@ def test_each_product_is_its_kernels_alone(monkeypatch):
         "gemv": lambda: w.matmul(x1, backend="triton"),
         "gemm": lambda: w.matmul(x16, backend="triton"),
         "expert gemv": lambda: experts.expert_matmul(x1e, ids, backend="triton"),
-        "expert tiles": lambda: experts.expert_matmul(x64, ids64, backend="triton")}
+        "expert tiles": lambda: experts.expert_matmul(x64, ids64, backend="triton"),
+        "expert gemv rows": lambda: experts.expert_matmul(x64, ids64, backend="triton")}
     for name, product in products.items():
+        if name == "expert gemv rows":  # the GEMV on 4 of an expert's rows a program
+            monkeypatch.setitem(kernels.configs.MOE_RULE, "Q8_0", ((None, "gemv_x4"),))
         product()
         with recording() as rec:
             out = product()
@@ -220,6 +230,10 @@ def test_each_product_is_its_kernels_alone(monkeypatch):
         if name == "expert tiles":  # the sort by expert one kernel, with the ids' check
             assert (kernels_run, rec.device_ops) == (["sort_by_expert_kernel", "moe_gemm_kernel"],
                                                      ["_assert_async"])
+            continue
+        if name == "expert gemv rows":  # the same sort, x's preparation, the GEMV
+            assert (kernels_run, rec.device_ops) == (
+                ["sort_by_expert_kernel", "prepare_x_kernel", "moe_gemv_rows_kernel"], ["_assert_async"])
             continue
         splits = [launch[3]["SPLIT_K"] for launch in rec.launches if "SPLIT_K" in launch[3]]
         assert splits and splits[0] > 1, (name, rec.launches)

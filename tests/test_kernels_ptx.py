@@ -499,8 +499,9 @@ EXPERT_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "MXFP4"]
 
 @pytest.fixture(scope="module")
 def expert_estimates(tmp_path_factory):
-    """scripts/estimate_paths.py --experts for EXPERT_TYPES: the expert GEMV's and the three
-    expert tiles' compiles at sm_90 and the estimates of the expert products from them."""
+    """scripts/estimate_paths.py --experts for EXPERT_TYPES: the expert GEMVs' (a pair, 2 and
+    4 of an expert's rows a program) and the three expert tiles' compiles at sm_90 and the
+    estimates of the expert products from them."""
     out = tmp_path_factory.mktemp("ptx") / "experts.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     subprocess.run([sys.executable, str(ROOT / "scripts" / "estimate_paths.py"), "--experts",
@@ -526,16 +527,30 @@ def test_expert_decode_gemv_is_bound_as_the_dense_gemv(expert_rows, ptx_rows):
         assert r["bandwidth_bound"] >= dense[name]["bandwidth_bound"] - 0.05, (name, r, dense[name])
 
 
+def test_expert_gemv_on_rows_of_an_expert_is_the_dense_rows_gemv(expert_estimates, ptx_rows):
+    """The expert GEMV on 4 of an expert's rows a program (moe.moe_gemv_rows_kernel: the
+    slots' rows of x gathered, the expert's offset) issues within 10% of the dense GEMV's
+    loop at 4 rows of x a program (gemv_m8; today -8% to +8%: Q4_0 504 against 550, MXFP4's
+    short loop 193 against 178) and spills nothing; at 2 rows, nothing either."""
+    dense = {r["type"]: r for r in ptx_rows if r["family"] == "gemv_m8" and r["arch"] == 90}
+    for name, families in expert_estimates["kernels"].items():
+        x4, x2 = families["moe_gemv_x4"], families["moe_gemv_x2"]
+        assert x4["config"]["XR"] == dense[name]["config"]["XR"] == 4, (name, x4["config"])
+        assert x4["spills"] == 0 and x2["spills"] == 0, (name, x4, x2)
+        assert x4["loop_instructions"] <= 1.1 * dense[name]["loop_instructions"], (name, x4, dense[name])
+
+
 
 # The expert products by the estimate (scripts/estimate_paths.py --experts, BENCHMARKS.md
 # "Expert products by rows an expert"), on Qwen3-30B-A3B's and DeepSeek-V3's expert stacks at
 # 1-512 tokens: what the rule reaches today at 1-16 rows an expert (the lowest fraction of the
-# ideal: Q4_0 0.64, Q8_0 1.00, Q4_K 0.63, Q6_K 0.83, IQ4_XS 0.61, MXFP4 0.62; #31's goal is
+# ideal: Q4_0 0.79, Q8_0 1.00, Q4_K 0.68, Q6_K 0.91, IQ4_XS 0.61, MXFP4 0.62; #31's goal is
 # 0.8), held so that no change slips back. Before the rule every type took the GEMV a pair
 # up to 8 rows an expert, each pair reading its expert again: 0.18-0.25 at 4 rows. (IQ4_XS
 # and MXFP4 0.53 and 0.48 before their GEMV took int8 x, BENCHMARKS.md "The 4-bit table
-# types' GEMV with int8 x".)
-EXPERT_IDEAL_FLOORS = {"Q4_0": 0.6, "Q8_0": 0.95, "Q4_K": 0.6, "Q6_K": 0.8, "IQ4_XS": 0.58, "MXFP4": 0.58}
+# types' GEMV with int8 x"; Q4_0 0.64, Q4_K 0.63, Q6_K 0.83 before the rule was fitted by the
+# overlapped model up to FUSED_MAX_M, "The expert GEMV on rows of an expert".)
+EXPERT_IDEAL_FLOORS = {"Q4_0": 0.75, "Q8_0": 0.95, "Q4_K": 0.65, "Q6_K": 0.88, "IQ4_XS": 0.58, "MXFP4": 0.6}
 
 
 @pytest.mark.slow

@@ -255,24 +255,29 @@ def test_the_experts_a_batch_chooses_and_the_rows_each_gets():
 def test_the_expert_products_follow_one_rule_from_the_estimate():
     """configs.MOE_RULE (scripts/estimate_paths.py --experts --write-configs, from the SASS
     estimate of the expert products): per type, increasing bounds of rows an expert, the last
-    open; the GEMV first, then tiles of increasing BM; one token's experts (a row each) take
-    the GEMV whatever the rule; and what the dispatcher launches at each batch is the rule's
-    choice: its path and, for the tiles, a tile of the rule's BM."""
+    open; the GEMV a pair first, then the GEMV on 2 and 4 of an expert's rows, then tiles of
+    increasing BM; one token's experts (a row each) take the GEMV whatever the rule; and what
+    the dispatcher launches at each batch is the rule's choice: its path and, for the GEMV
+    its rows of x a program, for the tiles a tile of the rule's BM."""
     h200 = configs.KNOWN_DEVICES[90]
     assert set(configs.MOE_RULE) == set(kernels.FORMATS)
     for name, rule in configs.MOE_RULE.items():
         tops = [top for top, _ in rule]
         assert tops[-1] is None and tops[:-1] == sorted(set(tops[:-1])) and tops[0] >= 1.0, (name, rule)
         choices = [choice for _, choice in rule]
-        bms = [int(c[len("tiles_bm"):]) for c in choices[1:]]
-        assert choices[0] == "gemv" and bms == sorted(set(bms)) and set(bms) <= {16, 32, 64}, (name, rule)
+        x_rows = [int(c[len("gemv_x"):]) for c in choices[1:] if c.startswith("gemv_x")]
+        bms = [int(c[len("tiles_bm"):]) for c in choices[1 + len(x_rows):]]
+        assert choices[0] == "gemv" and x_rows == sorted(set(x_rows)) and set(x_rows) <= {2, 4}, (name, rule)
+        assert bms == sorted(set(bms)) and set(bms) <= {16, 32, 64}, (name, rule)
         block = kernels.FORMATS[name].block_size
         for experts, top in ((128, 8), (256, 8), (32, 4), (8, 2)):
             for tokens in range(1, 300, 7):
                 rows = configs.routed_rows_per_expert(tokens, top, experts)
                 choice = next(c for t, c in rule if t is None or rows <= t) if tokens > 1 else "gemv"
                 path = kernels.dispatch.expert_path(name, tokens, top, experts)
-                assert path == ("gemv" if choice == "gemv" else "tiles"), (name, tokens, rows, rule)
+                assert path == ("gemv" if choice.startswith("gemv") else "tiles"), (name, tokens, rows, rule)
+                xr = int(choice[len("gemv_x"):]) if choice.startswith("gemv_x") else 1
+                assert configs.moe_gemv_x_rows(name, rows) == xr, (name, tokens, rows, rule)
                 if path == "tiles":
                     cfg = configs.moe_config(name, block, rows, h200, "fp16")
                     assert f"tiles_bm{cfg['BM']}" == choice, (name, tokens, rows, cfg)
@@ -285,7 +290,10 @@ def test_the_expert_products_follow_one_rule_from_the_estimate():
 def test_the_expert_rule_is_fitted_monotone_to_the_fastest_choices(monkeypatch):
     """scripts/estimate_paths.py's expert_rule on made-up estimates: the fastest choice goes
     GEMV (up to 1.5 rows), tiles of 16 (to 8), 32 (to 24), 64; a lone point where the GEMV
-    is the faster past the tiles' start (at 3 rows, by 1%) does not bring the GEMV back."""
+    is the faster past the tiles' start (at 3 rows, by 1%) does not bring the GEMV back. Up
+    to configs.FUSED_MAX_M rows an expert by the overlapped model's times ("times_us"), its
+    ties by the conservative one's, past it by the conservative one's; the GEMV on 2 and 4
+    of an expert's rows between the GEMV a pair and the tiles."""
     import importlib.util
     from pathlib import Path
 
@@ -306,12 +314,35 @@ def test_the_expert_rule_is_fitted_monotone_to_the_fastest_choices(monkeypatch):
         return t
 
     points = [1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0]
-    rows = [{"rows_per_expert": r, "times_serial_us": times(r)} for r in points]
+    cap = configs.FUSED_MAX_M
+    assert points[-1] < cap
+    # past the cap only the conservative model's times are read (the overlapped model's
+    # there would take the GEMV)
+    gemv = {"gemv": 0.1, "tiles_bm16": 5.0, "tiles_bm32": 5.0, "tiles_bm64": 5.0}
+    rows = [{"rows_per_expert": r, "times_us": times(r), "times_serial_us": times(r)} for r in points]
+    rows.append({"rows_per_expert": 2 * cap, "times_us": gemv, "times_serial_us": times(2 * cap)})
     assert estimate_paths.expert_rule({"a stack": rows}) == (
         (1.5, "gemv"), (8.0, "tiles_bm16"), (24.0, "tiles_bm32"), (None, "tiles_bm64"))
     # where the GEMV is never the faster, one row an expert is still its
-    fast_tiles = [{"rows_per_expert": r, "times_serial_us": {"gemv": 9.0, "tiles_bm16": 1.0}} for r in points]
+    tiles = {"gemv": 9.0, "tiles_bm16": 1.0}
+    fast_tiles = [{"rows_per_expert": r, "times_us": tiles, "times_serial_us": tiles} for r in points]
     assert estimate_paths.expert_rule({"a stack": fast_tiles}) == ((1.0, "gemv"), (None, "tiles_bm16"))
+    # the GEMV on rows of an expert, in order of its rows, before the tiles
+    fastest = {1.0: "gemv", 1.2: "gemv", 1.5: "gemv_x2", 2.0: "gemv_x2", 3.0: "gemv_x4", 4.0: "gemv_x4"}
+    choices = ("gemv", "gemv_x2", "gemv_x4", "tiles_bm16")
+    xs = [{"rows_per_expert": r, "times_us": t, "times_serial_us": t} for r in points
+          for t in [{c: 1.0 if c == fastest.get(r, "tiles_bm16") else 2.0 for c in choices}]]
+    assert estimate_paths.expert_rule({"a stack": xs}) == (
+        (1.2, "gemv"), (2.0, "gemv_x2"), (4.0, "gemv_x4"), (None, "tiles_bm16"))
+    # up to the cap the overlapped model decides, but where it ties (every choice at the
+    # memory bound) the conservative one does: here the GEMV to 2 rows, then BM = 16 at
+    # every point (BM = 64 past the last, where nothing was estimated)
+    tied = {"gemv": 1.0, "tiles_bm16": 1.0, "tiles_bm64": 1.0}
+    ties = [{"rows_per_expert": r, "times_us": {**tied, "gemv": 1.0 if r <= 2 else 3.0},
+             "times_serial_us": {"gemv": 1.0 if r <= 2 else 3.0, "tiles_bm16": 1.5, "tiles_bm64": 2.0}}
+            for r in points]
+    assert estimate_paths.expert_rule({"a stack": ties}) == (
+        (2.0, "gemv"), (48.0, "tiles_bm16"), (None, "tiles_bm64"))
 
 def test_k_is_split_for_the_busiest_sm_not_for_a_count_of_programs():
     """configs.gemm_split_k: K is split until 2 programs an SM (one's MMA runs while the other
