@@ -96,7 +96,7 @@ def _expert_rule(monkeypatch, name, choice):
     monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, choice),))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q2_K"])  # float x, int8 x
+@pytest.mark.parametrize("name", ["Q4_0", "MXFP4"])  # float x, int8 x
 def test_expert_rows_a_program_are_each_pair_alone(name, rng, monkeypatch, deterministic):
     """Each (token, slot) pair's product is the one the GEMV a pair gives, bit for bit, at 2
     and at 4 rows a program, with x a token (float32) and x a slot (float16); the experts are

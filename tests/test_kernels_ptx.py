@@ -739,13 +739,15 @@ def test_every_launched_tile_fits_its_devices_shared_memory(ptx_rows):
 # scripts/inspect_kernels.py --batch-sweep (sm_90 SASS; BENCHMARKS.md "Batched decode
 # kernels"): what the kernels reach today, held so that no change slips back. At all three
 # shapes: never slower than fp16 from M = 1 to configs.FUSED_MAX_M (64), and there these
-# fractions of the ideal (today, M = 1-64: 0.92-1.0 for Q4_0, 0.83-0.99 Q4_K, 0.84-0.96 Q5_K,
-# 1.00 Q6_K and Q8_0; the goal is 0.8). Past 64, dequantize+matmul, as an H200 measured it
+# fractions of the ideal (today, M = 1-64: 0.92-1.0 for Q4_0, 0.83-0.99 Q4_K, 1.00 Q6_K and
+# Q8_0; the goal is 0.8). Past 64, dequantize+matmul, as an H200 measured it
 # faster than the tiles (BENCHMARKS.md "GPU"), at 0.35x fp16 or more by the estimate (the H200:
 # 0.49-0.59x at 128-256, 0.74-0.80x at 1024). The estimates of the tiles are not timings:
-# the H200 ran the M = 1 GEMV at about fp16's speed, where they say 1.9-3.6x.
-SWEEP_TYPES = ["Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"]
-SWEEP_IDEAL_FLOORS = {"Q4_0": 0.9, "Q4_K": 0.8, "Q5_K": 0.8, "Q6_K": 0.95, "Q8_0": 0.95}
+# the H200 ran the M = 1 GEMV at about fp16's speed, where they say 1.9-3.6x. (Q5_K, a K-quant
+# tiled as Q4_K is, held 0.8 here until its 17 compiles, some 60 s of CI's two cores, were
+# weighed against CI's 20 minutes: the sweep in BENCHMARKS.md shows it, 0.84-0.96.)
+SWEEP_TYPES = ["Q4_0", "Q4_K", "Q6_K", "Q8_0"]
+SWEEP_IDEAL_FLOORS = {"Q4_0": 0.9, "Q4_K": 0.8, "Q6_K": 0.95, "Q8_0": 0.95}
 
 
 @pytest.mark.slow
