@@ -109,8 +109,10 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
     split_k = {"OUT": f"*{act}", "SUMS": "*fp32", "COUNTS": "*i32"}
     common = {**planes, "X": f"*{act}", **split_k, "M": "i32", "N": "i32", "B": "i32",
               "stride_xm": "i32", "stride_om": "i32"}
-    if family == "moe_gemv":  # one routed token a program, as the GEMV at M = 1
-        cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, dev, act, x_rows=1)
+    if family in ("moe_gemv", "moe_gemv_r1"):  # one routed token a program, as the GEMV at M = 1
+        # (_r1: at one weight row a thread, the config's choice for few pairs: gemv_split)
+        cfg = configs.gemv_dot_config(fmt.name, 1, n, k // block_size, dev, act, x_rows=1,
+                                      tile={"ROWS": 1} if family == "moe_gemv_r1" else None)
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"),
                "XF": "*i8" if fmt.x_int8 else "*fp32", "XS": "*fp32", "IDS": "*i64",
                "XDIV": "i32", "E": "i32", **split_k, "N": "i32", "B": "i32", "stride_om": "i32"}
@@ -604,13 +606,15 @@ def tiles_by_expert(tokens: int, top: int, n_experts: int, bm: int) -> float:
 
 def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_rows: dict[int, dict],
                           stack: tuple[int, int, int, int], tokens=EXPERT_TOKENS,
-                          act: str = "fp16", gemv_x_rows: dict[int, dict] | None = None) -> list[dict]:
+                          act: str = "fp16", gemv_x_rows: dict[int, dict] | None = None,
+                          gemv_one_row: dict | None = None) -> list[dict]:
     """Estimated time of the expert products of `tokens` tokens on an expert stack (E, top, N,
     K) on an H200, by each path (dispatch.expert_path's), against the same products with fp16
     weights and the ideal (the quantized weights of the experts chosen, read once), in the
     dense model's terms (matmul_path_estimates), routing uniform (configs.routed_rows_per_expert):
-    - the GEMV a (token, slot) pair (`gemv_row`: the moe_gemv compile; the dispatcher's config
-      for that many pairs at N x K): pairs x the GEMV's issue at one row, and each pair's read
+    - the GEMV a (token, slot) pair (`gemv_row`: the moe_gemv compile, or `gemv_one_row`, the
+      moe_gemv_r1 one, where the dispatcher's config for that many pairs at N x K takes one
+      weight row a thread): its programs x the GEMV's issue at one row, and each pair's read
       of its expert's weight: the pairs of one expert lie apart in the launch (token order),
       and L2 (50 MB) holds a few experts of a stack (Qwen3-30B-A3B's 128 gate_up experts are
       226 MB in Q4_K), so no read is counted as a hit;
@@ -645,7 +649,9 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
         flops = 2 * pairs * n * k
         fp16 = max(chosen * 2 * n * k / H200_BANDWIDTH, flops / H200_FP16_PEAK)
         ideal = max(memory, flops / H200_FP16_PEAK)
-        gemv = max(_issue_seconds(pairs * gemv_programs, gemv_iterations, gemv_row["loop_instructions"],
+        g = gemv_row if c["BN"] == gemv_row["config"]["BN"] else gemv_one_row
+        assert g and g["config"]["BN"] == c["BN"], ("no compile of the expert GEMV at", c)
+        gemv = max(_issue_seconds(pairs * gemv_programs, gemv_iterations, g["loop_instructions"],
                                   c["num_warps"]), pairs * expert_bytes / H200_BANDWIDTH)
         times, serial = {"gemv": gemv}, {"gemv": gemv}
         for xr, g in sorted((gemv_x_rows or {}).items()):

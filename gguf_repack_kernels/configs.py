@@ -731,7 +731,7 @@ def gemm_split_k(tiles: int, steps: int, programs_per_sm: int, sms: int) -> int:
 def split_for_the_last_wave(split_k: int, tiles: int, most_programs: int, sms: int, allowed) -> int:
     """`split_k` doubled, while `tiles` x it stays within `most_programs` and allowed(split) holds,
     to the split whose last wave fills the SMs best, by WAVE_GAIN or more over the one before
-    (wave_fill): the fused GEMM's split (gemm_split_k) and the GEMV's (gemv_dot_config)."""
+    (wave_fill): the fused GEMM's split (gemm_split_k; the GEMV's is gemv_split)."""
     best, more = split_k, split_k * 2
     while tiles * more <= most_programs and allowed(more):
         if wave_fill(tiles * more, sms) >= wave_fill(tiles * best, sms) + WAVE_GAIN:
@@ -801,12 +801,11 @@ def gemv_x_rows(m: int, type_name: str = "", capability: int = 90) -> int:
 def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Device, dtype,
                     tile: dict | None = None, x_rows: int | None = None) -> dict:
     """The dot GEMV at M rows of x (a program each) on `device`: BN rows a program, PARTS
-    calls a block column, split K until about PROGRAMS_PER_SM programs an SM, 2 unless told (a
-    small matrix at batch 1 still fills the GPU), then further where the last wave fills the
-    SMs better (wave_fill). `tile` (ROWS, PARTS, num_warps, and
-    PROGRAMS_PER_SM or SPLIT_K where it says), else the
-    one tuned for this device and x's dtype, replaces the default. No tl.dot: its shared
-    memory is a few KB at most (the tests' AOT compiles), nothing to fit."""
+    calls a block column, and the split of K (with, at one row of x, the rows a thread) that
+    leaves the busiest SM the least work (gemv_split). `tile` (ROWS, PARTS, num_warps, and
+    PROGRAMS_PER_SM or SPLIT_K where it says), else the one tuned for this device and x's
+    dtype, replaces the default. No tl.dot: its shared memory is a few KB at most (the tests'
+    AOT compiles), nothing to fit."""
     given = tile or tuned(device, dtype).get("gemv", {}).get(type_name, {})
     cfg = {"ROWS": GEMV_ROWS.get(type_name, 4), "PARTS": GEMV_PARTS.get(type_name, 1), "num_warps": 4,
            "PROGRAMS_PER_SM": 2, **given}
@@ -814,23 +813,74 @@ def gemv_dot_config(type_name: str, m: int, n: int, n_blocks: int, device: Devic
     if x_rows > 1 and "XR" not in given:  # a tile for one x row a program (the tuner's, M = 1)
         cfg["ROWS"] = GEMV_XR_ROWS.get(type_name, 1)
     groups = -(-m // x_rows)
-    warps, parts = cfg["num_warps"], cfg["PARTS"]
-    bn = 32 * warps * cfg["ROWS"]
-    tiles = -(-n // bn)
-    split_k = 1
+    warps, parts, rows = cfg["num_warps"], cfg["PARTS"], cfg["ROWS"]
+    steps = n_blocks * parts
     if "SPLIT_K" in cfg:  # a tile that says (the tuner's K-whole candidates)
-        split_k = max(1, min(cfg["SPLIT_K"], n_blocks * parts))
+        split_k = max(1, min(cfg["SPLIT_K"], steps))
     else:
-        programs_per_sm, steps = cfg["PROGRAMS_PER_SM"], n_blocks * parts
-        while tiles * split_k * groups < programs_per_sm * device.sms and split_k * 2 <= steps:
-            split_k *= 2
-        # then, as the fused GEMM's split (gemm_split_k), further where the last wave of
-        # programs fills the SMs better: 14336 rows of Q4_0 (28 tiles of 512 rows) split 16
-        # ways leave the busiest SM 4 programs where the average is 3.4 (0.85); 32, 0.97
-        split_k = split_for_the_last_wave(split_k, tiles * groups, 4 * programs_per_sm * device.sms,
-                                          device.sms, lambda split: split <= steps)
-    return {"BN": bn, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps, "STAGES": cfg.get("STAGES", 1),
-            "XR": x_rows}
+        # one row a thread is the other choice at one row of x, where the rows are the
+        # default's (GEMV_ROWS) and not a tile's
+        fewer_rows = x_rows == 1 and rows > 1 and "ROWS" not in given
+        rows, split_k = gemv_split(n, groups, steps, 32 * warps, (rows, 1) if fewer_rows else (rows,),
+                                   cfg["PROGRAMS_PER_SM"], device.sms)
+    return {"BN": 32 * warps * rows, "PARTS": parts, "SPLIT_K": split_k, "num_warps": warps,
+            "STAGES": cfg.get("STAGES", 1), "XR": x_rows}
+
+
+# The GEMV's split of K, by the busiest SM's work in its K loop (the estimate's issue,
+# aot._issue_seconds): its programs x a program's K steps x the rows a program. Enough
+# programs for the GPU first (PROGRAMS_PER_SM an SM, 2 by default: one's loads in flight
+# while another computes; or K split whole), at most 4 times that, the fewest programs among
+# equals: 4096 x 4096 in Q4_0 (8 tiles of 512 rows) in 64, 512 programs; the FFN's 14336
+# rows (28 tiles) in 32 (896 programs, 7 an SM, 0.97 of the busiest's work the average's,
+# where 16 left 4 on the busiest for 3.4). Splits are powers of two, and the K steps halved
+# while even: every program the same K steps where K is not a power of two's blocks.
+# Qwen3-30B-A3B's expert down stack (2048 x 768) at one token, 8 pairs: Q4_0's 24 block
+# columns in 16 left 4 programs of 2 steps on the busiest SM (0.73 of it the average's),
+# 12 leaves 3 (0.97). Q4_K's 3 columns of 256-row tiles (2 a thread): 192 programs, 2 of
+# one step on the busiest (0.73), at any split; with one row a thread, 384 programs of 128
+# rows, 3 on the busiest (0.97). A row at one row a thread costs more instructions in the K
+# loop: GEMV_ONE_ROW_COST, an eighth (sm_90, the expert GEMV: the 256-weight block types
+# taken whole 0.96-1.15 times a row, Q4_K 1035 for 128 rows against 1968 for 256; IQ4_XS, 4
+# parts a block, and the 32-weight types up to 1.19, 1.33 with int8 x and a table, IQ4_NL and
+# MXFP4, but their K steps are many and split evenly: BENCHMARKS.md "The GEMV's split by the
+# busiest SM"). A choice with more programs is taken for WAVE_GAIN or more less work only.
+GEMV_ONE_ROW_COST = 1.125
+
+
+def gemv_splits(steps: int) -> list[int]:
+    """The splits of `steps` K steps the GEMV may take: the powers of two up to it, and it
+    halved while even (24: 1, 2, 4, 8, 16 and 24, 12, 6, 3)."""
+    splits = {1 << j for j in range(steps.bit_length())}
+    while True:
+        splits.add(steps)
+        if steps % 2:
+            return sorted(splits)
+        steps //= 2
+
+
+def gemv_split(n: int, groups: int, steps: int, threads: int, rows_choices: tuple, programs_per_sm: int,
+               sms: int) -> tuple[int, int]:
+    """(rows a thread, split of K) for the GEMV of `n` rows, `groups` programs a weight tile
+    before the split (rows of x by XR, or expert pairs), `steps` K steps (block columns x
+    PARTS), `threads` a program, rows a thread from `rows_choices` (the first the default):
+    the least busiest-SM work (above), more programs for WAVE_GAIN less work only."""
+    candidates = []
+    for rows in rows_choices:
+        tiles = -(-n // (threads * rows))
+        enough = min(programs_per_sm * sms, tiles * groups * steps)  # K split whole at most
+        for split in gemv_splits(steps):
+            programs = tiles * groups * split
+            if enough <= programs and (split == 1 or programs <= 4 * programs_per_sm * sms):
+                work = -(-programs // sms) * -(-steps // split) * threads * rows
+                cost = 1 if rows == rows_choices[0] else GEMV_ONE_ROW_COST
+                candidates.append((programs, work * cost, rows, split))
+    candidates.sort()
+    best = candidates[0]
+    for cand in candidates[1:]:
+        if cand[1] <= best[1] * (1 - WAVE_GAIN):
+            best = cand
+    return best[2], best[3]
 
 
 # The expert products (moe.py) take, by the rows the experts chosen get on average
@@ -914,14 +964,14 @@ MOE_RULE: dict[str, tuple] = {
     'MXFP4': ((1.24, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'NVFP4': ((1.099, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q2_K': (
-        (1.099, 'gemv'),
+        (1.0, 'gemv'),
         (2.302, 'gemv_x2'),
         (8.003, 'tiles_bm16'),
         (16.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'Q3_K': (
-        (1.033, 'gemv'),
+        (1.0, 'gemv'),
         (1.568, 'gemv_x2'),
         (4.07, 'gemv_x4'),
         (32.001, 'tiles_bm32'),

@@ -16,7 +16,8 @@ bytes). The model is gguf_repack_kernels/aot.py: matmul_path_estimates. Estimate
 the GEMV kept at M = 1. Run without TRITON_INTERPRET (it is removed here).
 
 --experts estimates the expert products instead (aot.expert_path_estimates: the expert GEMV,
-a program a (token, slot) pair or 2 or 4 of an expert's rows, against the expert tiles of
+a program a (token, slot) pair (at one weight row a thread too, where few pairs take it) or 2
+or 4 of an expert's rows, against the expert tiles of
 BM = 16, 32 and 64) on the expert
 stacks of aot.EXPERT_SHAPES (Qwen3-30B-A3B's, DeepSeek-V3's) at 1 to 512 tokens, by the rows
 the experts chosen get on average; with --write-configs, one rule a type from them
@@ -61,8 +62,8 @@ TYPES = ("Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "IQ4_XS", "MXFP4")
 FAMILIES = {"gemv": None, "gemv_m2": None, "gemv_m4": None, "dequantize": None, "gemm_m16": 16,
             "gemm_m32": 32, "gemm": 64, "gemm_m128": 128}
 # the expert products' families (--experts), and the BM of the tiles
-EXPERT_FAMILIES = {"moe_gemv": None, "moe_gemv_x2": None, "moe_gemv_x4": None, "moe_m16": 16,
-                   "moe_m32": 32, "moe_m64": 64}
+EXPERT_FAMILIES = {"moe_gemv": None, "moe_gemv_r1": None, "moe_gemv_x2": None, "moe_gemv_x4": None,
+                   "moe_m16": 16, "moe_m32": 32, "moe_m64": 64}
 # where the rule is estimated beyond the table's M: on to the prefill sizes
 RULE_MS = PATH_MS + (384, 512, 768, 1024, 2048, 4096)
 CONFIGS = Path(configs.__file__)
@@ -218,7 +219,8 @@ def markdown(estimates: dict[str, list[dict]]) -> str:
 def estimate_experts(types, jobs: int, act: str = "fp16") -> tuple[dict, dict]:
     """({type: {stack name: aot.expert_path_estimates' rows at EXPERT_TOKENS}} for every stack
     of aot.EXPERT_SHAPES, {type: {family: its compile's measures}}), from the expert families'
-    compiles (the expert GEMV a pair and on 2 and 4 of an expert's rows, the three tiles)."""
+    compiles (the expert GEMV a pair, at its rows a thread and at one, and on 2 and 4 of an
+    expert's rows, the three tiles)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     tasks = [(name, family, None, act) for name in types for family in EXPERT_FAMILIES]
@@ -230,7 +232,7 @@ def estimate_experts(types, jobs: int, act: str = "fp16") -> tuple[dict, dict]:
         tiles = {bm: rows[name, family] for family, bm in EXPERT_FAMILIES.items() if bm}
         x_rows = {xr: rows[name, family] for family, xr in MOE_GEMV_XR.items()}
         out[name] = {stack: expert_path_estimates(name, type_size, rows[name, "moe_gemv"], tiles, shape,
-                                                  EXPERT_TOKENS, act, x_rows)
+                                                  EXPERT_TOKENS, act, x_rows, rows[name, "moe_gemv_r1"])
                      for stack, shape in EXPERT_SHAPES.items()}
     return out, {name: {family: rows[name, family] for family in EXPERT_FAMILIES} for name in types}
 

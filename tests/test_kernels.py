@@ -177,6 +177,34 @@ def test_matmul_with_split_k_as_on_a_gpu(name, rng, monkeypatch):
         assert ((got_h.float() - ref_h).abs().max() / ref_h.abs().max()).item() <= 1e-2, (name, m)
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+def test_the_gemv_at_the_split_and_rows_the_busiest_sm_takes(name, rng, monkeypatch):
+    """Where a short K and few rows or pairs leave a GPU's SMs idle, the GEMV splits K in a
+    number of parts that is no power of two (its block columns), and at one row of x takes
+    one weight row a thread (configs.gemv_split): on 132 SMs, the dense GEMV at M = 1 and the
+    expert GEMV a pair give the product within float tolerance; -1's rows zeros."""
+    qtype = TYPES_BY_NAME[name]
+    experts, n, k = 4, 256, 3 * qtype.block_size
+    qtype, planes = make_planes(name, (experts, n, k), rng)
+    dense = dequantize_planes(planes, qtype).reshape(experts, n, k)
+    gpu = kernels.configs.Device(0, 0, 132)
+    monkeypatch.setattr(kernels.dispatch, "_device", lambda device: gpu)
+    ids = torch.tensor([[2, 0], [-1, 3]])
+    x = torch.from_numpy(rng.standard_normal((len(ids), k)).astype(np.float32))
+    for m in (1, ids.numel()):  # a dense row; the expert pairs
+        cfg = kernels.configs.gemv_dot_config(name, m, n, 3, gpu, torch.float32, x_rows=1)
+        assert (cfg["BN"], cfg["SPLIT_K"]) == (128, 3), (m, cfg)
+    _, weight = make_planes(name, (n, k), rng)
+    ref = gemv_x(name, x[:1]) @ dequantize_planes(weight, qtype).T
+    got = kernels.matmul(x[:1], weight, name, (n, k))
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, name
+    monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, "gemv"),))
+    ref = torch.einsum("tk,tjnk->tjn", gemv_x(name, x), dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+    got = kernels.expert_matmul(x, ids, planes, name, (experts, n, k))
+    assert ((got - ref).abs().max() / ref.abs().max()).item() <= 1e-4, name
+    assert torch.equal(got[ids < 0], torch.zeros(1, n))
+
+
 SMALL_BLOCK_TYPES = [name for name in KERNEL_TYPES if kernels.FORMATS[name].block_size < 128]
 
 

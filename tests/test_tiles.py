@@ -374,17 +374,40 @@ def test_k_is_split_for_the_busiest_sm_not_for_a_count_of_programs():
 
 
 def test_the_decode_gemv_splits_k_for_the_busiest_sm_too():
-    """configs.gemv_dot_config at M = 1 on an H200: split until 2 programs an SM, then further
-    where the last wave fills better (configs.wave_fill). 4096 rows of Q4_0 (8 tiles of 512
-    rows): 64, 512 programs, as before; the FFN's 14336 (28 tiles): 16 would run 448
-    programs, 4 on the busiest SM where the average is 3.4; 32 runs 896 (0.97). Q4_K's 256-row
-    tiles (2 rows a thread): 56 tiles, 8 -> 16."""
+    """configs.gemv_dot_config at M = 1 on an H200 (configs.gemv_split): enough programs (2 an
+    SM, or K split whole), then the least work on the busiest SM. 4096 rows of Q4_0 (8 tiles
+    of 512 rows): 64, 512 programs; the FFN's 14336 (28 tiles): 16 would run 448 programs, 4
+    on the busiest SM where the average is 3.4; 32 runs 896 (0.97). Q4_K's 256-row tiles (2
+    rows a thread): 56 tiles, 8 -> 16; 14336 columns (56 blocks), 16 tiles: 32 left 4
+    programs of 2 steps on the busiest SM, 56 leaves 7 of one (896 programs)."""
     h200 = configs.KNOWN_DEVICES[90]
     for name, block, n, k, split in (("Q4_0", 32, 4096, 4096, 64), ("Q4_0", 32, 14336, 4096, 32),
                                      ("Q4_0", 32, 4096, 14336, 64), ("Q4_K", 256, 4096, 4096, 16),
-                                     ("Q4_K", 256, 14336, 4096, 16), ("Q4_K", 256, 4096, 14336, 32)):
+                                     ("Q4_K", 256, 14336, 4096, 16), ("Q4_K", 256, 4096, 14336, 56)):
         cfg = configs.gemv_dot_config(name, 1, n, k // block, h200, torch.float16)
         assert cfg["SPLIT_K"] == split, (name, n, k, cfg)
+        assert cfg["BN"] == 32 * 4 * configs.GEMV_ROWS.get(name, 4), cfg
         assert configs.wave_fill(-(-n // cfg["BN"]) * split, h200.sms) >= 0.96, (name, n, k, cfg)
     # a tile that says its split keeps it (the tuner's K-whole candidates)
     assert configs.gemv_dot_config("Q4_0", 1, 14336, 128, h200, torch.float16, {"SPLIT_K": 1})["SPLIT_K"] == 1
+
+
+def test_the_expert_gemv_on_a_short_k_splits_it_whole_and_takes_a_row_a_thread():
+    """Qwen3-30B-A3B's expert down stack (2048 x 768) at one token, 8 (token, slot) pairs on
+    an H200 (configs.gemv_split): Q4_0's 24 block columns in 12 (3 programs of 2 steps on the
+    busiest SM, 0.97 of its work the average's; 16 left 4 of 2, 0.73); Q4_K's 3 columns of
+    256-row tiles leave the busiest SM 2 programs' work at any split, so one row a thread
+    (384 programs of 128 rows, 3 on the busiest SM), at 2 pairs a token its default 2 rows
+    again (split 3: 384 programs); a tile that names its rows keeps them."""
+    h200 = configs.KNOWN_DEVICES[90]
+    assert configs.gemv_splits(24) == [1, 2, 3, 4, 6, 8, 12, 16, 24]
+    assert configs.gemv_splits(3) == [1, 2, 3]
+    assert configs.gemv_splits(16) == [1, 2, 4, 8, 16]
+    for name, block, pairs, bn, split in (("Q4_0", 32, 8, 512, 12), ("Q4_K", 256, 8, 128, 3),
+                                          ("Q4_K", 256, 16, 256, 3), ("Q4_K", 256, 64, 256, 1)):
+        cfg = configs.gemv_dot_config(name, pairs, 2048, 768 // block, h200, torch.float16, x_rows=1)
+        assert (cfg["BN"], cfg["SPLIT_K"]) == (bn, split), (name, pairs, cfg)
+    tile = {"ROWS": 2, "PARTS": 1, "num_warps": 4}
+    assert configs.gemv_dot_config("Q4_K", 8, 2048, 3, h200, torch.float16, tile, x_rows=1)["BN"] == 256
+    # rows of x a program keep their rows a thread (GEMV_XR_ROWS: their own compiles)
+    assert configs.gemv_dot_config("Q4_0", 8, 2048, 24, h200, torch.float16, x_rows=2)["BN"] == 256
