@@ -18,6 +18,9 @@ conversions issue at lower rates than FFMA), so it is an upper bound.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import math
 import os
 import re
@@ -272,7 +275,18 @@ def _tool(name: str) -> str:
 
 @cache  # sass_summary and gemm_summary both read the same cubin's
 def cubin_sass(cubin: bytes) -> tuple[str, str]:
-    """(SASS listing, resource usage) of a cubin, by the cuobjdump Triton ships."""
+    """(SASS listing, resource usage) of a cubin, by the cuobjdump Triton ships, kept in
+    Triton's cache beside its compiles (keyed by the cubin and the Triton whose cuobjdump
+    read it): the listing takes cuobjdump about 0.4 s of CPU whatever the kernel's size,
+    most of its start, and tests/test_kernels_ptx.py's estimates read some 800 of them."""
+    from triton.runtime.cache import get_cache_manager
+
+    key = hashlib.sha256(cubin + f"cuobjdump of triton {triton.__version__}".encode()).hexdigest()
+    store = get_cache_manager(key)
+    kept = store.get_file("sass.json")
+    if kept:
+        with open(kept) as f:
+            return tuple(json.load(f))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
@@ -281,6 +295,7 @@ def cubin_sass(cubin: bytes) -> tuple[str, str]:
                               capture_output=True, text=True).stdout
         usage = subprocess.run([_tool("cuobjdump"), "-res-usage", path], check=True,
                                capture_output=True, text=True).stdout
+    store.put(json.dumps([sass, usage]), "sass.json", binary=False)  # (written whole: a rename)
     return sass, usage
 
 
@@ -694,7 +709,8 @@ def shared_memory_of(kernel, sig: dict, constexprs: dict, capability: int, *, nu
     stages, then the shared-memory allocation that starts its LLVM stage, whose result that
     stage reads (`ttg.shared`). A quarter of a full compile's time for the float32 GEMM
     tiles (LLVM's O3 and ptxas are the rest); tests/test_kernels_ptx.py holds it equal to
-    full compiles."""
+    full compiles. Kept in Triton's cache (the compile's key), as cubin_sass's listings are:
+    that test reads some 520 of them."""
     from triton._C.libtriton import ir, nvidia, passes
     from triton.backends.nvidia.compiler import get_ptx_version_from_options
     from triton.compiler.compiler import make_backend
@@ -708,6 +724,17 @@ def shared_memory_of(kernel, sig: dict, constexprs: dict, capability: int, *, nu
     backend = make_backend(target)
     options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages,
                                      "enable_fp_fusion": fp_fusion})
+    # kept in Triton's cache, as its compiles are, by their key and this function's source
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, get_cache_key
+    from triton.runtime.cache import get_cache_manager
+
+    key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
+    key += inspect.getsource(shared_memory_of)
+    store = get_cache_manager(hashlib.sha256(key.encode()).hexdigest())
+    kept = store.get_file("shared_memory.json")
+    if kept:
+        with open(kept) as f:
+            return json.load(f)
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
@@ -727,7 +754,9 @@ def shared_memory_of(kernel, sig: dict, constexprs: dict, capability: int, *, nu
     nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(
         pm, capability, get_ptx_version_from_options(options, backend.target.arch))
     pm.run(module, "allocate_shared_memory")
-    return module.get_int_attr("ttg.shared") or 0
+    shared = module.get_int_attr("ttg.shared") or 0
+    store.put(json.dumps(shared), "shared_memory.json", binary=False)
+    return shared
 
 
 def family_shared_memory(family: str, type_name: str, capability: int = 90, act: str = "fp16"):
