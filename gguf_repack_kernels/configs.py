@@ -1017,7 +1017,7 @@ def moe_gemv_x_rows(type_name: str, rows_per_expert: float, capability: int = 90
     choice = moe_choice(type_name, rows_per_expert)
     if not choice.startswith("gemv_x"):
         return 1
-    return min(int(choice[len("gemv_x"):]), GEMV_X_ROWS_MAX.get(capability, {}).get(type_name, 4))
+    return gemv_x_rows(int(choice[len("gemv_x"):]), type_name, capability)  # (2 -> 2, 4 -> 4, capped)
 
 
 # The largest batch (in tokens) vLLM captures in CUDA graphs by default (its
