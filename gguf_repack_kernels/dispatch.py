@@ -401,10 +401,11 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
     args = _plane_args(planes, fmt)
     strides = [p.stride(0) for p in args[:MAX_PLANES]]
     rows_per_expert = configs.routed_rows_per_expert(t, top, routed)
-    x_rows = configs.moe_gemv_x_rows(fmt.name, rows_per_expert, _device(x.device).capability)
-    if path == "gemv" and x_rows > 1:  # a few rows an expert: the GEMV on x_rows of them a program
-        return _expert_gemv_rows(x, x2, ids, args, strides, fmt, shape, x_rows)
-    if path == "gemv":  # about a row an expert: a GEMV a pair
+    if path == "gemv":
+        program_rows = configs.moe_gemv_x_rows(fmt.name, rows_per_expert, _device(x.device).capability)
+        if program_rows > 1:  # a few rows an expert: the GEMV on that many of them a program
+            return _expert_gemv_rows(x, x2, ids, args, strides, fmt, shape, program_rows)
+        # about a row an expert: a GEMV a pair
         cfg = _deterministic(_gemv_config(fmt.name, pairs, n, b, x.device, x.dtype, x_rows=1))
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
         grid = (_cdiv(n, cfg["BN"]), cfg["SPLIT_K"], pairs)
