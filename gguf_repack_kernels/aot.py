@@ -158,13 +158,13 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
         cfg = configs.moe_config(fmt.name, block_size, GEMM_M[family], dev, act, k // block_size,
                                  bm=GEMM_M[family])
         sig = {**planes, **dict.fromkeys(["S0", "S1", "S2", "S3", "S4"], "i32"), "X": f"*{act}",
-               "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "E": "i32", "OUT": f"*{act}",
+               "X_ROWS": "*i32", "OUT_ROWS": "*i32", "TILE_EXPERT": "*i32", "E": "i32", **split_k,
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
         return moe_gemm_kernel, sig, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
             **gemm_dequant(fmt, act, cfg["BM"]),
-            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act), "STEP_BLOCKS": cfg["STEP_BLOCKS"]}, \
-            cfg, cfg["BN"] * cfg["STEP_BLOCKS"]
+            "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act), "STEP_BLOCKS": cfg["STEP_BLOCKS"],
+            "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"] * cfg["STEP_BLOCKS"]
     raise ValueError(family)
 
 
@@ -601,24 +601,6 @@ EXPERT_SHAPES = {"qwen3-30b-a3b gate_up": (128, 8, 1536, 2048),
 EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def tiles_by_expert(tokens: int, top: int, n_experts: int, bm: int) -> float:
-    """The BM-row tiles the expert sort makes (moe.py: ceil(rows / BM) an expert chosen), on
-    average over routings in which each token picks `top` distinct experts uniformly: an
-    expert's rows are Binomial(tokens, top / E)."""
-    p = min(1.0, top / n_experts)
-    if p >= 1.0:
-        return n_experts * -(-tokens // bm)
-    mean = tokens * p
-    top_x = min(tokens, int(mean + 12 * math.sqrt(mean * (1 - p)) + 2 * bm + 1))
-    log_p, log_q = math.log(p), math.log1p(-p)
-    expected = 0.0
-    for x in range(1, top_x + 1):
-        log_pmf = (math.lgamma(tokens + 1) - math.lgamma(x + 1) - math.lgamma(tokens - x + 1)
-                   + x * log_p + (tokens - x) * log_q)
-        expected += math.exp(log_pmf) * -(-x // bm)
-    return n_experts * expected
-
-
 def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_rows: dict[int, dict],
                           stack: tuple[int, int, int, int], tokens=EXPERT_TOKENS,
                           act: str = "fp16", gemv_x_rows: dict[int, dict] | None = None,
@@ -635,11 +617,13 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
       226 MB in Q4_K), so no read is counted as a hit;
     - the GEMV on XR of an expert's slots a program (`gemv_x_rows` by XR: the moe_gemv_x2 /
       _x4 compiles; the dispatcher's config for that many pairs): the sort's tiles of XR slots
-      (tiles_by_expert) x the GEMV's programs a tile, at the compile's issue, and each tile's
+      (configs.expert_tiles) x the GEMV's programs a tile, at the compile's issue, and each tile's
       read of its expert's weight;
     - the tiles at BM (`tile_rows` by BM: the moe_m16 / m32 / m64 compiles, sass_summary +
-      gemm_summary; moe_config's tile at that BM): tiles_by_expert x ceil(N / BN) programs of
-      K / (BLOCK STEP_BLOCKS) iterations, no split K; time = max(issue, tensor, the chosen
+      gemm_summary; moe_config's tile at that BM, compiled with K whole: split 2 measured
+      0-14 instructions more a K step at BM = 16, Q5_K's 78, 14%, where the rule takes the
+      GEMV): configs.expert_tiles x ceil(N / BN) x SPLIT_K programs of
+      K / (BLOCK STEP_BLOCKS SPLIT_K) iterations; time = max(issue, tensor, the chosen
       experts' weights once), or (serial) issue + tensor, the rule's model (as the dense one).
     Each row: tokens, "rows_per_expert", "times_us" and "times_serial_us" by choice ("gemv",
     "tiles_bm16", ...: configs.moe_choice's names), "best_serial", "dispatched"
@@ -671,16 +655,18 @@ def expert_path_estimates(type_name: str, type_size: int, gemv_row: dict, tile_r
         times, serial = {"gemv": gemv}, {"gemv": gemv}
         for xr, g in sorted((gemv_x_rows or {}).items()):
             c = configs.gemv_dot_config(type_name, pairs, n, n_blocks, dev, act, x_rows=xr)
-            slot_tiles = tiles_by_expert(t, top, n_experts, xr)
+            slot_tiles = configs.expert_tiles(t, top, n_experts, xr)
             iterations = -(-n_blocks * c["PARTS"] // c["SPLIT_K"])
             programs = math.ceil(slot_tiles) * -(-n // c["BN"]) * c["SPLIT_K"]
             times[f"gemv_x{xr}"] = serial[f"gemv_x{xr}"] = max(
                 _issue_seconds(programs, iterations, g["loop_instructions"], c["num_warps"]),
                 slot_tiles * expert_bytes / H200_BANDWIDTH)
         for bm, g in sorted(tile_rows.items()):
-            cfg = configs.moe_config(type_name, block, bm, dev, act, n_blocks, bm=bm)
-            programs = math.ceil(tiles_by_expert(t, top, n_experts, bm)) * -(-n // cfg["BN"])
-            iterations = -(-n_blocks // cfg["STEP_BLOCKS"])
+            cfg = configs.moe_config(type_name, block, bm, dev, act, n_blocks, bm=bm, n=n,
+                                     routing=(t, top, n_experts))
+            programs = math.ceil(configs.expert_tiles(t, top, n_experts, bm)) * -(-n // cfg["BN"]) * \
+                cfg["SPLIT_K"]
+            iterations = -(-n_blocks // (cfg["STEP_BLOCKS"] * cfg["SPLIT_K"]))
             issue = _issue_seconds(programs, iterations, g["loop_instructions"], cfg["num_warps"])
             tensor = -(-programs // SMS) * iterations * g["mma_flops_per_iteration"] / (
                 per_sm_peak * g["mma_peak_fraction"])

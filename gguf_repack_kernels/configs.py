@@ -981,10 +981,10 @@ MOE_RULE: dict[str, tuple] = {
     'Q4_1': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q4_K': ((1.115, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q5_0': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q5_1': ((1.033, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q5_1': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q5_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q6_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q8_0': ((1.0, 'gemv'), (1.033, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'Q8_0': ((1.0, 'gemv'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'TQ1_0': ((1.115, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'TQ2_0': (
         (1.0, 'gemv'),
@@ -1050,18 +1050,46 @@ def routed_rows_per_expert(tokens: int, top: int, n_experts: int) -> float:
     return tokens * top / chosen if chosen else 0.0
 
 
+@cache
+def expert_tiles(tokens: int, top: int, n_experts: int, bm: int) -> float:
+    """The BM-row tiles the expert sort makes (moe.py: ceil(rows / BM) an expert chosen), on
+    average over routings in which each token picks `top` distinct experts of `n_experts`
+    uniformly: an expert's rows are Binomial(tokens, top / E). From the shapes alone, as
+    routed_rows_per_expert: what the expert tiles' split of K is chosen for (moe_config) and
+    what the estimate counts (aot.expert_path_estimates)."""
+    p = min(1.0, top / n_experts)
+    if p >= 1.0:
+        return n_experts * -(-tokens // bm)
+    mean = tokens * p
+    top_x = min(tokens, int(mean + 12 * math.sqrt(mean * (1 - p)) + 2 * bm + 1))
+    log_p, log_q = math.log(p), math.log1p(-p)
+    expected = 0.0
+    for x in range(1, top_x + 1):
+        log_pmf = (math.lgamma(tokens + 1) - math.lgamma(x + 1) - math.lgamma(tokens - x + 1)
+                   + x * log_p + (tokens - x) * log_q)
+        expected += math.exp(log_pmf) * -(-x // bm)
+    return n_experts * expected
+
+
 def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: Device,
-               dtype, n_blocks: int | None = None, bm: int | None = None) -> dict:
+               dtype, n_blocks: int | None = None, bm: int | None = None, n: int | None = None,
+               routing: tuple[int, int, int] | None = None) -> dict:
     """The expert GEMM's tile (moe.py) on `device` for x of `dtype`: of BM `bm`, else the BM
     moe_choice names at the routed rows an expert gets on average (from shapes alone: no data
     is read; where it names the GEMV, BM by rows: 16 up to 16, 32 up to 32, else 64), up to
     dequantize_matmul_min_m rows an expert, where prefill's long runs take each chosen expert
     dequantized, then torch.matmul (dispatch.expert_matmul); a tile's padding rows cost issue
-    but no weight bytes. No split K: the experts' tiles are the parallelism. The tile
-    is the dense GEMM's of the same BM, its K step too (`n_blocks`: the expert's block
-    columns, None for a K step of GEMM_STEP_WEIGHTS), fitted to the device's shared memory
-    alike (the expert kernel allocates what gemm_kernel does: measured). Not timed on a GPU
-    yet."""
+    but no weight bytes. The tile is the dense GEMM's of the same BM, its K step too
+    (`n_blocks`: the expert's block columns, None for a K step of GEMM_STEP_WEIGHTS), fitted
+    to the device's shared memory alike (the expert kernel allocates what gemm_kernel does:
+    measured).
+
+    SPLIT_K as the dense GEMM's (gemm_split_k), for the output tiles the sort makes on
+    average (`routing`: tokens, top, the router's experts; expert_tiles x ceil(n / BN)): at a
+    few tokens the experts' tiles are too few for the SMs (Qwen3-30B-A3B's gate_up stack at 2
+    tokens: some 16 tiles of 12 BN-column programs, 192 on 132 SMs, the busiest SM two
+    programs' K loops where the average is 1.45). Without `routing` (or `n`): 1. Not timed on
+    a GPU yet."""
     if bm is None:
         choice = moe_choice(type_name, rows_per_expert)
         bm = int(choice[len("tiles_bm"):]) if choice.startswith("tiles_bm") else \
@@ -1070,5 +1098,10 @@ def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: 
     step = gemm_step_blocks(block_size)
     if n_blocks is not None:
         step = dividing_step(step, n_blocks)
-    return fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2,
-                                                      "STEP_BLOCKS": step}, device, dtype)
+    cfg = fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2,
+                                                     "STEP_BLOCKS": step}, device, dtype)
+    split_k = 1
+    if routing is not None and n is not None and n_blocks is not None:
+        tiles = math.ceil(expert_tiles(*routing, cfg["BM"])) * -(-n // cfg["BN"])
+        split_k = gemm_split_k(tiles, n_blocks // cfg["STEP_BLOCKS"], 2, device.sms)
+    return {**cfg, "SPLIT_K": split_k}

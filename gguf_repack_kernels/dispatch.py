@@ -152,14 +152,16 @@ def _split_k_workspace(m: int, n: int, counters: int, split_k: int,
     return buffer[:m * n], buffer[m * n:].view(torch.int32), buffer
 
 
-# The fused GEMM's split-K workspaces, one a (device, stream): float32, zeroed when made, and
-# left zeroed by every launch that uses one (split_k.py's CLEAN), so that a product is the
-# GEMM's one launch, no zeroing before it. One a stream: products on two streams at once
-# (vLLM's shared experts run on a stream of their own) must not share sums. Never freed:
+# The split-K workspaces of the fused GEMM and the expert tiles, one a (device, stream):
+# float32, zeroed when made, and left zeroed by every launch that uses one (split_k.py's
+# CLEAN), so that a product is the GEMM's one launch, no zeroing before it. One a stream:
+# products on two streams at once (vLLM's shared experts run on a stream of their own) must
+# not share sums. Never freed:
 # a CUDA graph captured with a smaller one still reads it at every replay. Their size is
 # bounded by the split rule (configs.gemm_split_k: K is split only while a product has few
 # tiles, at most 2 x PROGRAMS_PER_SM x SMS of BM x BN: 528 at an H200's defaults, M x N
-# float32 of at most some 8 MB).
+# float32 of at most some 8 MB; the expert tiles' the same rule on the tiles an average
+# routing makes, their pairs x N).
 _CLEAN_WORKSPACES: dict[tuple, torch.Tensor] = {}
 _ALL_WORKSPACES: list[torch.Tensor] = []
 
@@ -417,17 +419,20 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
                               BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
                               XSTRIDE=fmt.x_stride, num_warps=cfg["num_warps"])
         return out.reshape(t, top, n)
-    cfg = configs.moe_config(fmt.name, fmt.block_size, rows_per_expert, _device(x.device), x.dtype, b)
+    # (the split of K for the tiles an average routing makes: shapes alone, as a graph needs)
+    cfg = _deterministic(configs.moe_config(fmt.name, fmt.block_size, rows_per_expert, _device(x.device),
+                                            x.dtype, b, n=n, routing=(t, min(top, routed), routed)))
     x_rows, out_rows, tile_expert = _sorted_by_expert(ids, n_experts, cfg["BM"], x.dim() == 3)
     out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)  # -1's rows: written as zeros
-    grid = (tile_expert.numel(), _cdiv(n, cfg["BN"]))
-    moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, n_experts, out, n, b,
-                          x2.stride(0), out.stride(0), BLOCK=fmt.block_size, BM=cfg["BM"],
-                          BN=cfg["BN"], IEEE=x.dtype == torch.float32,
+    grid = (tile_expert.numel(), _cdiv(n, cfg["BN"]), cfg["SPLIT_K"])
+    sums, counts = _clean_split_k_workspace(pairs, n, grid[0] * grid[1], cfg["SPLIT_K"], out)
+    moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, n_experts, out, sums,
+                          counts, n, b, x2.stride(0), out.stride(0), BLOCK=fmt.block_size,
+                          BM=cfg["BM"], BN=cfg["BN"], IEEE=x.dtype == torch.float32,
                           **gemm_dequant(fmt, x.dtype, cfg["BM"]),
                           SWAP=configs.swap_ab(fmt.name, cfg["BM"], x.dtype),
-                          STEP_BLOCKS=cfg["STEP_BLOCKS"], num_warps=cfg["num_warps"],
-                          num_stages=cfg["num_stages"])
+                          STEP_BLOCKS=cfg["STEP_BLOCKS"], SPLIT_K=cfg["SPLIT_K"],
+                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out.reshape(t, top, n)
 
 

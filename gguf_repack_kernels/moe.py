@@ -22,6 +22,7 @@ import triton.language as tl
 from .fields import tile_columns
 from .gemm import dequant_tile, tile_product, tile_result
 from .gemv import gemv_dot_row, gemv_dot_rows
+from .split_k import add_partial_sums
 
 
 @triton.jit
@@ -128,17 +129,20 @@ def sort_by_expert_kernel(IDS, P, E, XDIV, CURSOR, OK, X_ROWS, OUT_ROWS, TILE_EX
 
 @triton.jit
 def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OUT_ROWS,
-                    TILE_EXPERT, E, OUT, N, B, stride_xm, stride_om,
+                    TILE_EXPERT, E, OUT, SUMS, COUNTS, N, B, stride_xm, stride_om,
                     BLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
                     SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
                     DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False,
-                    MMA_PIPELINED: tl.constexpr = False):
+                    MMA_PIPELINED: tl.constexpr = False, SPLIT_K: tl.constexpr = 1):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert, E for the
     # pairs of none of this stack's experts (another rank's: their rows are written as zeros,
-    # no weight read)
+    # no weight read). With SPLIT_K > 1, program (t, ., s) takes the K steps s, s + SPLIT_K,
+    # ... of tile t (as gemm.py's), its partial sums through SUMS (float32, OUT's strides) and
+    # COUNTS (a counter an output tile: grid axes 0 and 1), which the tile's last program
+    # leaves zeroed (split_k.py; dispatch.py keeps the workspace)
     e = tl.load(TILE_EXPERT + tl.program_id(0)).to(tl.int64)
     if e < 0:  # past the last tile: the grid is sized from the shapes alone
         return
@@ -150,14 +154,15 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
     mask = rows < N
     out = OUT + out_rows[:, None].to(tl.int64) * stride_om + rows[None, :]
     if MMA_PIPELINED:  # the K loop promised a step (gemm.py)
-        if e >= E:  # another rank's experts: their rows are zeros here, no weight read
+        if e >= E:  # another rank's experts: their rows are zeros here, no weight read (every
+            # split's program writes the same zeros; none counts itself on the tile's counter)
             tl.store(out, tl.zeros((BM, BN), OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
             return
-        steps = B // STEP_BLOCKS
+        steps = B // (SPLIT_K * STEP_BLOCKS)
         tl.assume(steps > 0)
     else:  # another rank's experts: no step, zeros. (The early return above, here too, made
         # some unpromised tiles issue 3-5% more: IQ2_XXS's and IQ1_S's BM = 64, IQ1_M's BM = 32)
-        steps = tl.where(e < E, B // STEP_BLOCKS, 0)
+        steps = tl.where(e < E, B // (SPLIT_K * STEP_BLOCKS), 0)
         e = tl.where(e < E, e, 0)
     cols = tile_columns(BLOCK, XRUN)  # x's columns in the order of DQ's (registry.py)
     # padding slots read x's row 0 and rows past N row N - 1 (never stored): loads without a
@@ -172,8 +177,16 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     for i in range(0, steps):  # STEP_BLOCKS block columns a step (gemm.py)
         for b in tl.static_range(STEP_BLOCKS):
-            j = i * STEP_BLOCKS + b
+            if SPLIT_K == 1:  # (no program id in the loop's addresses: the same SASS as before)
+                j = i * STEP_BLOCKS + b
+            else:
+                j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
             w = dequant_tile(DQ, DQ_DT, p0, p1, p2, p3, p4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xrows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
             acc = tile_product(acc, x, w, IEEE, SWAP, FENCE)
-    tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
+    if SPLIT_K == 1:
+        tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
+    else:
+        add_partial_sums(tile_result(acc, SWAP), SUMS, OUT,
+                         out_rows[:, None].to(tl.int64) * stride_om + rows[None, :],
+                         live[:, None] & mask[None, :], COUNTS, 2, SPLIT_K, CLEAN=True)

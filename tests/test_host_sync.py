@@ -306,18 +306,23 @@ def test_deterministic_mode_takes_no_float_atomics(monkeypatch):
     w = stack("Q4_K", (40, 256 * 2))
     x = _x(1, 256 * 2, 4)  # the GEMV's M
     assert kernels.dispatch.matmul_path("Q4_K", 1) == "gemv"
+    experts, ids = stack("Q4_0", (4, 32, 512)), torch.tensor([[0, 2], [2, 3]])
+    monkeypatch.setitem(kernels.configs.MOE_RULE, "Q4_0", ((None, "tiles_bm16"),))  # the expert tiles
     # as an H200 splits K (132 SMs to fill), on CPU tensors
     monkeypatch.setattr(kernels.dispatch, "_device", lambda device: kernels.configs.Device(0, 0, 132))
     with recording() as rec:
         w.matmul(x, backend="triton")
-    assert any(launch[3]["SPLIT_K"] > 1 for launch in rec.launches if launch[0] == "gemv_dot_kernel")
+        experts.expert_matmul(_x(2, 512, 6), ids, backend="triton")
+    assert {launch[0] for launch in rec.launches if launch[3].get("SPLIT_K", 1) > 1} == \
+        {"gemv_dot_kernel", "moe_gemm_kernel"}
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         with recording() as rec:
             w.matmul(x, backend="triton")
             w.matmul(_x(16, 256 * 2, 5), backend="triton")
+            experts.expert_matmul(_x(2, 512, 6), ids, backend="triton")
     finally:
         torch.use_deterministic_algorithms(previous)
     assert [(launch[0], launch[3]["SPLIT_K"]) for launch in rec.launches if "SPLIT_K" in launch[3]] == \
-        [("gemv_dot_kernel", 1), ("gemm_kernel", 1)]
+        [("gemv_dot_kernel", 1), ("gemm_kernel", 1), ("moe_gemm_kernel", 1)]

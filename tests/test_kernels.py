@@ -278,6 +278,45 @@ def test_the_fused_gemms_workspace_is_left_zeroed_for_the_next_product(rng, monk
                 assert not workspace.any(), (name, m)
 
 
+@pytest.mark.parametrize("name", ["Q5_0", "Q4_K"])
+def test_expert_tiles_split_k_where_a_few_tokens_leave_sms_idle(name, rng, monkeypatch):
+    """At a few tokens the expert sort makes too few tiles for a GPU's SMs, and the tiles
+    split K as the fused GEMM does (configs.moe_config, for the tiles an average routing
+    makes: Qwen3-30B-A3B's gate_up stack at 2 tokens on an H200, some 16 tiles of 12 BN-column
+    programs, splits K in 2): as on 132 SMs, 8 experts of which 2 tokens choose 2 each (one
+    expert by both, another rank's -1 once), float16 and bfloat16 x, the products of plain
+    PyTorch twice in a row, the kept workspace zero after each (split_k.py's CLEAN)."""
+    h200 = kernels.configs.KNOWN_DEVICES[90]
+    qwen3 = kernels.configs.moe_config(name, kernels.FORMATS[name].block_size, 1.03, h200, torch.float16,
+                                       2048 // kernels.FORMATS[name].block_size, n=1536, routing=(2, 8, 128))
+    assert (qwen3["BM"], qwen3["SPLIT_K"]) == (16, 2), qwen3
+    many = kernels.configs.moe_config(name, kernels.FORMATS[name].block_size, 16.0, h200, torch.float16,
+                                      2048 // kernels.FORMATS[name].block_size, n=1536, routing=(256, 8, 128))
+    assert many["SPLIT_K"] == 1, many  # tiles enough: K whole
+    gpu = kernels.configs.Device(0, 0, 132)
+    monkeypatch.setattr(kernels.dispatch, "_device", lambda _: gpu)
+    monkeypatch.setattr(kernels.dispatch, "_CLEAN_WORKSPACES", {})
+    monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, "tiles_bm16"),))
+    qtype = TYPES_BY_NAME[name]
+    experts, n, k = 8, 40, 4 * max(qtype.block_size, 128)
+    qtype, planes = make_planes(name, (experts, n, k), rng)
+    dense = dequantize_planes(planes, qtype).reshape(experts, n, k)
+    block = qtype.block_size
+    cfg = kernels.configs.moe_config(name, block, 2.0, gpu, torch.float16, k // block, n=n,
+                                     routing=(2, 2, experts))
+    assert cfg["SPLIT_K"] == 4, cfg
+    ids = torch.tensor([[5, 1], [-1, 5]])
+    for dtype, tol in ((torch.float16, 1e-2), (torch.bfloat16, 2e-2)):
+        x = (torch.from_numpy(rng.standard_normal((2, k)).astype(np.float32)) / dense.abs().max()).to(dtype)
+        ref = torch.einsum("tk,tjnk->tjn", x.float(), dense[ids.clamp(min=0)]) * (ids >= 0)[..., None]
+        for _ in range(2):
+            got = kernels.expert_matmul(x, ids, planes, name, (experts, n, k))
+            assert got.dtype == dtype and torch.equal(got[1, 0].float(), torch.zeros(n)), (name, dtype)
+            assert ((got.float() - ref).abs().max() / ref.abs().max()).item() <= tol, (name, dtype)
+            (workspace,) = kernels.dispatch._CLEAN_WORKSPACES.values()
+            assert not workspace.any(), (name, dtype)
+
+
 def _uninitialized_empty(real_empty):
     """torch.empty as a GPU may hand memory over: NaN in every float, a non-zero pattern in
     every integer; what a kernel leaves unwritten shows."""
@@ -294,8 +333,8 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
     workspace, the last program of each tile writes it out in x's dtype, the expert GEMV
     writes zeros for another rank's expert (-1) itself. The dense GEMV at M = 1 and 3, the
     fused GEMM at M = 16 (BM = 16, and the swapped BM = 32 and 64), the expert GEMV and the
-    expert tiles (their sort's slots, -1 for
-    padding, and each tile's expert: all from the sort kernel). Four K steps of the GEMM
+    expert tiles, split too (their sort's slots, -1 for padding, and each tile's expert: all
+    from the sort kernel). Four K steps of the GEMM
     (configs.gemm_step_blocks: four 32-weight blocks a step)."""
     qtype = TYPES_BY_NAME[name]
     n, k = 37, 4 * max(qtype.block_size, 128)
@@ -323,6 +362,9 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
         choice = "gemv" if path == "gemv" else "tiles_bm16"
         monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, choice),))
         assert kernels.dispatch.expert_path(name, 3, 2, 2) == path
+        if path == "tiles":  # split too: two tiles for 132 SMs
+            assert kernels.configs.moe_config(name, qtype.block_size, 3.0, gpu, torch.float16,
+                                              k // qtype.block_size, n=n, routing=(3, 2, 2))["SPLIT_K"] > 1
         got = kernels.expert_matmul(x, ids, stacked, name, (2, n, k))
         rows = gemv_x(name, x) if path == "gemv" else x.float()
         ref = torch.einsum("tk,tjnk->tjn", rows, by_expert[ids.clamp(min=0)]) * (ids >= 0)[..., None]

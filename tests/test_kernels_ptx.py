@@ -724,16 +724,17 @@ def test_every_launched_tile_fits_its_devices_shared_memory(ptx_rows):
         # dense and expert kernels alike: the expert tile at every arch, its count the dense one's
         for a in (80, 86, 89, 90, 120):
             expert, dense = sample[("moe_m64", n, a, "fp32", "")], sample[("gemm", n, a, "fp32", "")]
-            assert expert[0] == dense[0] and expert[1] == {k: v for k, v in dense[1].items()
-                                                           if k != "SPLIT_K"}, (n, a)
+            assert expert[0] == dense[0] and {k: v for k, v in expert[1].items() if k != "SPLIT_K"} == {
+                k: v for k, v in dense[1].items() if k != "SPLIT_K"}, (n, a)
         for a in (80, 86, 89, 90, 120):
             # float16 and bfloat16 x alike for a type without a float16 dequant function
             if n in no_f16:
                 assert sample[("gemm", n, a, "fp16", "")] == sample[("gemm", n, a, "bf16", "")], (n, a)
             # the swapped tile without split K (the expert one) takes no more than with it
             expert, dense = sample[("moe_m32", n, a, "fp16", "")], sample[("gemm_m32", n, a, "fp16", "")]
-            if dense[1]["SPLIT_K"] > 1 and configs.swap_ab(n, 32, "fp16") and \
-                    expert[1] == {k: v for k, v in dense[1].items() if k != "SPLIT_K"}:
+            if dense[1]["SPLIT_K"] > 1 and configs.swap_ab(n, 32, "fp16") and expert[1]["SPLIT_K"] == 1 and \
+                    {k: v for k, v in expert[1].items() if k != "SPLIT_K"} == \
+                    {k: v for k, v in dense[1].items() if k != "SPLIT_K"}:
                 assert expert[0] <= dense[0], (n, a, expert, dense)
                 compared.append((n, a))
     # (every type has a half-precision function since TQ1_0's: the grouping waits for a new type)

@@ -49,7 +49,9 @@ def launched(name, device, act):
         cfg = configs.gemm_config(name, block, m, N, K // block, device, act, bm=m)
         yield "gemm", m, {k: v for k, v in cfg.items() if k != "SPLIT_K"}
         if m < 128:
-            yield "moe", m, configs.moe_config(name, block, m, device, act, bm=m)
+            cfg = configs.moe_config(name, block, m, device, act, bm=m)
+            assert cfg["SPLIT_K"] == 1, cfg  # (no routing given: K whole)
+            yield "moe", m, {k: v for k, v in cfg.items() if k != "SPLIT_K"}
 
 
 @pytest.mark.parametrize("arch", sorted(configs.KNOWN_DEVICES))
@@ -88,8 +90,7 @@ def test_a_99_kb_gpu_gets_another_tile_for_float32_q4_k_than_an_h200_for_float16
     assert configs.shared_memory_estimate("Q4_K", 256, 64, 32, 2, 86, "fp32") == 103_168
     assert configs.shared_memory_estimate("Q4_K", 256, 64, small["BN"], small["num_stages"], 86,
                                           "fp32") <= SMALL.shared_memory
-    assert configs.moe_config("Q4_K", 256, 64, SMALL, torch.float32, bm=64) == {
-        k: v for k, v in small.items() if k != "SPLIT_K"}
+    assert configs.moe_config("Q4_K", 256, 64, SMALL, torch.float32, bm=64) == {**small, "SPLIT_K": 1}
     # the interpreter has no limit: the present tile
     assert configs.gemm_config("Q4_K", 256, 64, N, 16, configs.INTERPRETER, torch.float32)["BN"] == 32
 
