@@ -985,7 +985,7 @@ MOE_RULE: dict[str, tuple] = {
     'Q5_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q6_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q8_0': ((1.0, 'gemv'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'TQ1_0': ((1.115, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'TQ1_0': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'TQ2_0': (
         (1.0, 'gemv'),
         (2.291, 'gemv_x2'),

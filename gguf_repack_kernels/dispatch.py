@@ -189,12 +189,13 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     its columns, XRUN, for its BM-row tile and x of `dtype`: the type's half-precision
     function where it takes x's dtype (registry.py; from BM = 64 on its wide_f16 where it has
     that; below, where the installed Triton may take it:
-    configs.half_dequant_allowed), else the float32 one; FENCE, whether the tile fences its
+    configs.half_dequant_allowed; at BM = 16 its scaled_after where it has one, BLOCK_SCALE
+    its block's scale), else the float32 one; FENCE, whether the tile fences its
     weight tile (configs.kwidth_fence); and MMA_PIPELINED, whether it promises a non-empty K
     loop (configs.mma_pipelined)."""
     act = configs.act_name(dtype)
     flags = {"FENCE": configs.kwidth_fence(fmt.name, bm, act),
-             "MMA_PIPELINED": configs.mma_pipelined(fmt.name, bm, act)}
+             "MMA_PIPELINED": configs.mma_pipelined(fmt.name, bm, act), "BLOCK_SCALE": None}
     float32 = {"DQ": fmt.dequant, "DQ_DT": tl.float32, "XRUN": 0, **flags}
     half = fmt.half_dequant(act)
     if half is None:
@@ -206,8 +207,11 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
         return {"DQ": function, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": run, **flags}
     if not configs.half_dequant_allowed(fmt.name):
         return float32
-    return {"DQ": half, "DQ_DT": tl.float16 if act == "fp16" else tl.bfloat16, "XRUN": fmt.f16_nibble_run,
-            **flags}
+    dt = tl.float16 if act == "fp16" else tl.bfloat16
+    if bm == 16 and fmt.scaled_after is not None:  # the block's scale after the MMA (registry.py)
+        unscaled, scale = fmt.scaled_after
+        return {"DQ": unscaled, "DQ_DT": dt, "XRUN": fmt.f16_nibble_run, **flags, "BLOCK_SCALE": scale}
+    return {"DQ": half, "DQ_DT": dt, "XRUN": fmt.f16_nibble_run, **flags}
 
 
 def matmul_path(type_name: str, m: int) -> str:

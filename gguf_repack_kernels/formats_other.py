@@ -166,20 +166,9 @@ def trit_pairs(u, M, Z, DT: tl.constexpr):
 
 
 @triton.jit
-def tq1_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
-    """TQ1_0 for the fused GEMM's tiles with float16 (or bfloat16) x, in its own fragment
-    order (fields.tile_columns, RUN = -4): an MMA fragment's thread c takes qs words 2c and
-    2c + 1 (of the run of 32 bytes, 5 digits a byte), qs word 8 + c (of the run of 16) and
-    digit c of qh's 4 bytes: 64 weights, its k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16. As
-    [R, c, word s, slot k, lane pair e, half]: digits 0..3 of words a0, a1, b, then in the
-    fourth row digit 4 of a0, a1, b and digit c of qh. A word's bytes 0, 1 and 2, 3 go into
-    16-bit lanes (byte_lanes: a PRMT each); the lanes times 3**digit are one IMAD, then
-    trit_pairs (a LOP3 and an HFMA), less a constant and times d (an HADD and an HMUL):
-    exact in float16 (d times -1, 0 or 1), d rounded once in bfloat16. d is loaded alone
-    and broadcast as Q2_K's scales are (read in its word, Triton sent the whole weight tile
-    through shared memory: 501 -> 1737 instructions a step, BM = 16, float16 x). The tiles
-    of BM >= 64 take the float32 function (this one spilled in their K loop: 21-45 loads)."""
-    R: tl.constexpr = rows.shape[0]
+def tq1_0_trits_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """TQ1_0's digits in its fragment order (tq1_0_half), as DT bits of float16 1026 + digit
+    (trit_pairs): [R, c, word s, slot k, lane pair e, half]."""
     c = tl.arange(0, 4)[:, None]
     w = tl.arange(0, 4)[None, :]
     # word s of thread c: qs words 2c, 2c + 1, 8 + c (and 8 + c again, for qh's word)
@@ -197,20 +186,62 @@ def tq1_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     c3 = tl.where(c == 0, 1, tl.where(c == 1, 3, tl.where(c == 2, 9, 27)))[:, :, None]  # [c, 1, 1]
     m = tl.where(s == 3, tl.where(k == 3, c3, 81), pow3)  # [c, s, k]
     u = byte_lanes(src)  # [R, c, s, k, lane pair e]
-    q = trit_pairs(u, m[None, :, :, :, None], Z, DT)  # [R, c, s, k, e, half]
-    # float16: less 1027, times d. bfloat16: the float16 bits of 1026 + digit read as
-    # bfloat16, (1 + (2 + digit) / 128) 2**73, less (1 + 3 / 128) 2**73 is (digit - 1) 2**66
-    # exactly, times d 2**-66 (d rounded to bfloat16 once): no conversion a pair
-    BASE: tl.constexpr = 1.0234375 * 2.0 ** 73 if DT == tl.bfloat16 else 1027.0
-    SCALE: tl.constexpr = 2.0 ** -66 if DT == tl.bfloat16 else 1.0
+    return trit_pairs(u, m[None, :, :, :, None], Z, DT)  # [R, c, s, k, e, half]
+
+
+# float16: 1026 + digit less 1027 is digit - 1. bfloat16: the float16 bits of 1026 + digit
+# read as bfloat16, (1 + (2 + digit) / 128) 2**73, less (1 + 3 / 128) 2**73 is (digit - 1)
+# 2**66 exactly, which d 2**-66 scales (no conversion a pair)
+TQ1_BASE_F16 = tl.constexpr(1027.0)
+TQ1_BASE_BF16 = tl.constexpr(1.0234375 * 2.0 ** 73)
+TQ1_SCALE_BF16 = tl.constexpr(2.0 ** -66)
+
+
+@triton.jit
+def tq1_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """TQ1_0 for the fused GEMM's tiles with float16 (or bfloat16) x, in its own fragment
+    order (fields.tile_columns, RUN = -4): an MMA fragment's thread c takes qs words 2c and
+    2c + 1 (of the run of 32 bytes, 5 digits a byte), qs word 8 + c (of the run of 16) and
+    digit c of qh's 4 bytes: 64 weights, its k = 2c, 2c + 1, 2c + 8, 2c + 9 of each 16. As
+    [R, c, word s, slot k, lane pair e, half]: digits 0..3 of words a0, a1, b, then in the
+    fourth row digit 4 of a0, a1, b and digit c of qh. A word's bytes 0, 1 and 2, 3 go into
+    16-bit lanes (byte_lanes: a PRMT each); the lanes times 3**digit are one IMAD, then
+    trit_pairs (a LOP3 and an HFMA), less a constant and times d (an HADD and an HMUL):
+    exact in float16 (d times -1, 0 or 1), d rounded once in bfloat16. d is loaded alone
+    and broadcast as Q2_K's scales are (read in its word, Triton sent the whole weight tile
+    through shared memory: 501 -> 1737 instructions a step, BM = 16, float16 x). The tiles
+    of BM >= 64 take the float32 function (this one spilled in their K loop: 21-45 loads);
+    the BM = 16 tile tq1_0_digits_half and d after the MMA."""
+    R: tl.constexpr = rows.shape[0]
+    q = tq1_0_trits_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT)
+    BASE: tl.constexpr = TQ1_BASE_BF16 if DT == tl.bfloat16 else TQ1_BASE_F16
+    SCALE: tl.constexpr = TQ1_SCALE_BF16 if DT == tl.bfloat16 else 1.0
     d = field_f16(P2, j, rows, mask, N) * SCALE
     d = tl.reshape(tl.broadcast_to(d, (R, 16)).to(DT), (R, 4, 1, 4, 1, 1))
     q = (q - BASE) * d
     return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
 
 
+@triton.jit
+def tq1_0_digits_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """tq1_0_half without d: digit - 1 (bfloat16: times 2**66), exactly, in the same order;
+    the BM = 16 tile multiplies each block's MMA sum by tq1_0_block_scale (gemm.py's
+    BLOCK_SCALE): an HMUL a pair of weights less, 8 FFMAs a thread a block more."""
+    R: tl.constexpr = rows.shape[0]
+    q = tq1_0_trits_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT)
+    BASE: tl.constexpr = TQ1_BASE_BF16 if DT == tl.bfloat16 else TQ1_BASE_F16
+    return fragment_order_256(tl.reshape(q - BASE, (R, 4, 8, 2, 2, 2)))
+
+
+@triton.jit
+def tq1_0_block_scale(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """Each row's d for block column j, float32 [len(rows)], for tq1_0_digits_half's DT."""
+    SCALE: tl.constexpr = TQ1_SCALE_BF16 if DT == tl.bfloat16 else 1.0
+    return tl.reshape(field_f16(P2, j, rows, mask, N), (rows.shape[0],)) * SCALE
+
+
 @register("TQ1_0", 256, ("qs", "qh", "d"), table=tq1_table, dot=tq1_0_dot, dequant_half=tq1_0_half,
-          f16_nibble_run=-4, wide_f16="float32")
+          f16_nibble_run=-4, wide_f16="float32", scaled_after=(tq1_0_digits_half, tq1_0_block_scale))
 @triton.jit
 def tq1_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # ggml's weight order is digit-major within each of three byte runs: qs[0:32] holds 5

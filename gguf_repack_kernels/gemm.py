@@ -85,6 +85,23 @@ def tile_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr, FENCE: tl.co
 
 
 @triton.jit
+def block_product(acc, x, w, IEEE: tl.constexpr, SWAP: tl.constexpr, FENCE: tl.constexpr,
+                  BLOCK_SCALE: tl.constexpr, DQ_DT: tl.constexpr, P0, P1, P2, P3, P4, TABLE, j, rows,
+                  mask, N):
+    """tile_product for one block column j; with BLOCK_SCALE (registry.py's scaled_after: w
+    without the block's scale), the block's MMA sum times each weight row's scale, added."""
+    if BLOCK_SCALE is None:
+        return tile_product(acc, x, w, IEEE, SWAP, FENCE)
+    else:
+        scale = BLOCK_SCALE(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DQ_DT)
+        part = tile_product(tl.zeros(acc.shape, tl.float32), x, w, IEEE, SWAP, FENCE)
+        if SWAP:
+            return acc + part * scale[:, None]
+        else:
+            return acc + part * scale[None, :]
+
+
+@triton.jit
 def dequant_tile(DQ: tl.constexpr, DQ_DT: tl.constexpr, P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     """The weight tile of DQ, a type's float32 function (DQ_DT float32) or its half-precision
     one, asked for DQ_DT (registry.py; dispatch.gemm_dequant picks both)."""
@@ -109,7 +126,7 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
                 IEEE: tl.constexpr, DQ: tl.constexpr, SPLIT_K: tl.constexpr,
                 XRUN: tl.constexpr = 0, SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
                 DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False,
-                MMA_PIPELINED: tl.constexpr = False):
+                MMA_PIPELINED: tl.constexpr = False, BLOCK_SCALE: tl.constexpr = None):
     # SUMS (float32, OUT's strides) and COUNTS [tiles] int32, zeroed: the split-K workspace
     # (split_k.py), which the tiles' last programs leave zeroed again (dispatch.py keeps it)
     ms = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -136,7 +153,8 @@ def gemm_kernel(P0, P1, P2, P3, P4, TABLE, X, OUT, SUMS, COUNTS, M, N, B, stride
             j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
             w = dequant_tile(DQ, DQ_DT, P0, P1, P2, P3, P4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xms[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
-            acc = tile_product(acc, x, w, IEEE, SWAP, FENCE)
+            acc = block_product(acc, x, w, IEEE, SWAP, FENCE, BLOCK_SCALE, DQ_DT, P0, P1, P2, P3, P4,
+                                TABLE, j, wrows, every, N)
     offsets = ms[:, None].to(tl.int64) * stride_om + rows[None, :]
     out_mask = (ms < M)[:, None] & mask[None, :]
     if SPLIT_K == 1:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .fields import tile_columns
-from .gemm import dequant_tile, tile_product, tile_result
+from .gemm import block_product, dequant_tile, tile_result
 from .gemv import gemv_dot_row, gemv_dot_rows
 from .split_k import add_partial_sums
 
@@ -134,7 +134,8 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
                     IEEE: tl.constexpr, DQ: tl.constexpr, XRUN: tl.constexpr = 0,
                     SWAP: tl.constexpr = False, STEP_BLOCKS: tl.constexpr = 1,
                     DQ_DT: tl.constexpr = tl.float32, FENCE: tl.constexpr = False,
-                    MMA_PIPELINED: tl.constexpr = False, SPLIT_K: tl.constexpr = 1):
+                    MMA_PIPELINED: tl.constexpr = False, SPLIT_K: tl.constexpr = 1,
+                    BLOCK_SCALE: tl.constexpr = None):
     # S0..S4: each plane's elements per expert (in the launch tensor's element type, before
     # the dequant function casts the pointer); X_ROWS / OUT_ROWS: each sorted slot's row of x
     # and of the output, -1 for padding; TILE_EXPERT: each BM-row tile's expert, E for the
@@ -183,7 +184,8 @@ def moe_gemm_kernel(P0, P1, P2, P3, P4, TABLE, S0, S1, S2, S3, S4, X, X_ROWS, OU
                 j = (tl.program_id(2) + i * SPLIT_K) * STEP_BLOCKS + b
             w = dequant_tile(DQ, DQ_DT, p0, p1, p2, p3, p4, TABLE, j, wrows, every, N)  # [BN, BLOCK]
             x = tl.load(X + xrows[:, None].to(tl.int64) * stride_xm + j * BLOCK + cols[None, :])
-            acc = tile_product(acc, x, w, IEEE, SWAP, FENCE)
+            acc = block_product(acc, x, w, IEEE, SWAP, FENCE, BLOCK_SCALE, DQ_DT, p0, p1, p2, p3, p4,
+                                TABLE, j, wrows, every, N)
     if SPLIT_K == 1:
         tl.store(out, tile_result(acc, SWAP).to(OUT.dtype.element_ty), mask=live[:, None] & mask[None, :])
     else:

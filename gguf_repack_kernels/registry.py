@@ -57,6 +57,12 @@ takes: not bfloat16 for Q8_0 (its values fill a byte; at the bytes' bound with t
 function), which takes the float32 function there, as a type does from BM = 64 on with
 bfloat16 x where its `wide_f16` is "float32" (IQ4's table values fill a byte too: they are
 looked up as their bfloat16 bits, fields.lookup16_bf16; IQ1_S's -1, 0, 1 are made 0, 1, 2).
+
+A type whose one scale a block is all that multiplies its weights (TQ1_0's d) may leave it to
+the MMA's sum: `scaled_after` = (dequant_half without it, the block's scale as float32
+[len(rows)], both taking DT), which the fused GEMM's BM = 16 tile takes (gemm.py's
+BLOCK_SCALE): a block's products summed by the tensor cores, then times each row's scale,
+once a block, where the weights took a multiply a pair.
 """
 
 from __future__ import annotations
@@ -84,6 +90,8 @@ class Format:
     # (function, its f16_nibble_run) for the tiles of BM >= 64, where dequant_half spills there
     wide_f16: tuple[object, int] | None = None
     half_acts: tuple[str, ...] = ("fp16", "bf16")  # the x dtypes dequant_half takes
+    # (dequant_half without the block's scale, the scale): the BM = 16 tile's, see above
+    scaled_after: tuple[object, object] | None = None
 
     def half_dequant(self, act: str):
         """dequant_half where it takes x of `act` ("fp16", "bf16"), else None."""
@@ -103,7 +111,8 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              table: Callable[[torch.device], torch.Tensor] | None = None,
              dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_half=None,
              f16_nibble_run: int = 0, wide_f16: tuple[object, int] | str | None = None,
-             half_acts: tuple[str, ...] = ("fp16", "bf16")):
+             half_acts: tuple[str, ...] = ("fp16", "bf16"),
+             scaled_after: tuple[object, object] | None = None):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
@@ -111,7 +120,7 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
         assert name not in FORMATS, name
         wide = (fn, 0) if wide_f16 == "float32" else wide_f16
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
-                               dequant_half, f16_nibble_run, wide, half_acts)
+                               dequant_half, f16_nibble_run, wide, half_acts, scaled_after)
         return fn
 
     return wrap

@@ -1169,6 +1169,44 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
         assert ((got.float() - exact).abs() <= bound).all()
 
 
+@triton.jit
+def _block_scale_kernel(P0, P1, P2, P3, P4, TABLE, OUT, N, BN: tl.constexpr, SCALE: tl.constexpr,
+                        DT: tl.constexpr):
+    rows = tl.arange(0, BN)
+    scale = SCALE(P0, P1, P2, P3, P4, TABLE, tl.program_id(0), rows, rows < N, N, DT)
+    tl.store(OUT + rows * tl.num_programs(0) + tl.program_id(0), scale, mask=rows < N)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_block_scale_after_the_mma_gives_the_weights_exactly(dtype, rng):
+    """registry.py's scaled_after (TQ1_0, the fused GEMM's BM = 16 tile: gemm.py's
+    BLOCK_SCALE): the unscaled half-precision function's values times the block's scale, in
+    float32 as the tile applies it to the MMA's sum, are the float32 weights bit for bit, in
+    the function's order; the unscaled values are digit - 1 (bfloat16: times 2**66)."""
+    from gguf_repack_kernels.dispatch import _plane_args
+
+    names = [n for n in KERNEL_TYPES if kernels.FORMATS[n].scaled_after]
+    assert names == ["TQ1_0"]
+    for name in names:
+        fmt = kernels.FORMATS[name]
+        unscaled, scale_of = fmt.scaled_after
+        n, k = 37, 3 * fmt.block_size
+        qtype, planes = make_planes(name, (n, k), rng)
+        order = torch.tensor(tile_order(qtype.block_size, fmt.f16_nibble_run))
+        exact = dequantize_planes(planes, qtype).reshape(n, -1, qtype.block_size)[:, :, order]
+        dt = getattr(tl, str(dtype)[6:])
+        digits = torch.empty(n, k, dtype=dtype)
+        _dequant_f16_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), digits, n,
+                                                       BLOCK=qtype.block_size, BN=64, DQ=unscaled, DT=dt)
+        scale = torch.empty(n, k // qtype.block_size, dtype=torch.float32)
+        _block_scale_kernel[(k // qtype.block_size,)](*_plane_args(planes, fmt), scale, n, BN=64,
+                                                       SCALE=scale_of, DT=dt)
+        digits = digits.float().reshape(n, -1, qtype.block_size)
+        unit = 2.0 ** 66 if dtype == torch.bfloat16 else 1.0
+        assert set((digits / unit).unique().tolist()) == {-1.0, 0.0, 1.0}, name
+        assert torch.equal(digits * scale[..., None], exact), (name, dtype)
+
+
 # The GEMV path runs a program per (token, slot) pair (minutes for every type in the
 # interpreter): it is the dense GEMV's body (every type's dot function is tested there) with an
 # expert's offset, taken here for a type of each block size and dot-function kind (float x,
