@@ -989,8 +989,8 @@ MOE_RULE: dict[str, tuple] = {
     'TQ2_0': (
         (1.0, 'gemv'),
         (2.291, 'gemv_x2'),
-        (4.07, 'gemv_x4'),
-        (8.003, 'tiles_bm16'),
+        (2.302, 'gemv_x4'),
+        (16.001, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),

@@ -296,8 +296,24 @@ def tq2_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
 
 
+@triton.jit
+def tq2_0_digits_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """tq2_0_half without d: code - 1, exactly, in the same order, for the BM = 16 tile, which
+    multiplies each block's MMA sum by tq2_0_block_scale (gemm.py's BLOCK_SCALE)."""
+    R: tl.constexpr = rows.shape[0]
+    BASE: tl.constexpr = 129.0 if DT == tl.bfloat16 else 1025.0
+    q = qs_fields_half(P0, j, rows, mask, N, DT) - BASE  # [R, c, i, k, s1, half]
+    return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
+
+
+@triton.jit
+def tq2_0_block_scale(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """Each row's d for block column j, float32 [len(rows)]."""
+    return tl.reshape(field_f16(P1, j, rows, mask, N), (rows.shape[0],))
+
+
 @register("TQ2_0", 256, ("qs", "d"), dot=tq2_0_dot, x_int8=True, dequant_half=tq2_0_half,
-          f16_nibble_run=-2, wide_f16="float32")
+          f16_nibble_run=-2, wide_f16="float32", scaled_after=(tq2_0_digits_half, tq2_0_block_scale))
 @triton.jit
 def tq2_0(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     # Each 32-byte half holds 4 groups of 32 weights, group g in bits 2g..2g+1. Raw code 3,

@@ -58,9 +58,9 @@ function), which takes the float32 function there, as a type does from BM = 64 o
 bfloat16 x where its `wide_f16` is "float32" (IQ4's table values fill a byte too: they are
 looked up as their bfloat16 bits, fields.lookup16_bf16; IQ1_S's -1, 0, 1 are made 0, 1, 2).
 
-A type whose one scale a block is all that multiplies its weights (TQ1_0's d) may leave it to
-the MMA's sum: `scaled_after` = (dequant_half without it, the block's scale as float32
-[len(rows)], both taking DT), which the fused GEMM's BM = 16 tile takes (gemm.py's
+A type whose one scale a block is all that multiplies its weights (TQ1_0's and TQ2_0's d)
+may leave it to the MMA's sum: `scaled_after` = (dequant_half without it, the block's scale
+as float32 [len(rows)], both taking DT), which the fused GEMM's BM = 16 tile takes (gemm.py's
 BLOCK_SCALE): a block's products summed by the tensor cores, then times each row's scale,
 once a block, where the weights took a multiply a pair.
 """
