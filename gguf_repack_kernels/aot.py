@@ -132,7 +132,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                "B": "i32", "stride_om": "i32"}
         return moe_gemv_rows_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                            "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
-                                           "DOT": fmt.dot, "XSTRIDE": fmt.x_stride, "XR": xr}, cfg, \
+                                           "DOT": fmt.gemv_dot(xr), "XSTRIDE": fmt.x_stride, "XR": xr}, cfg, \
             cfg["BN"] / cfg["PARTS"]
     if family in GEMV_M:
         # XR rows of x a program: at M = 8 each weight byte is unpacked by 2 programs
@@ -143,7 +143,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                "N": "i32", "B": "i32", "stride_om": "i32", "M": "i32"}
         return gemv_dot_kernel, sig, {"BLOCK": block_size, "BN": cfg["BN"],
                                       "SPLIT_K": cfg["SPLIT_K"], "PARTS": cfg["PARTS"],
-                                      "DOT": fmt.dot, "XSTRIDE": fmt.x_stride,
+                                      "DOT": fmt.gemv_dot(cfg["XR"]), "XSTRIDE": fmt.x_stride,
                                       "STAGES": cfg["STAGES"], "XR": cfg["XR"]}, cfg, \
             cfg["BN"] / cfg["PARTS"] / -(-m // cfg["XR"])
     if family in GEMM_BM:

@@ -202,7 +202,7 @@ GEMV_MAX_M = 8
 # BEGIN estimate_paths --write-configs
 MATMUL_RULE: dict[str, tuple] = {
     'IQ1_M': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
-    'IQ1_S': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
+    'IQ1_S': ((8, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ2_S': ((4, 'gemv'), (16, 'gemm_bm16'), (96, 'gemm_bm32'), (None, 'dequantize+matmul')),
     'IQ2_XS': (
         (4, 'gemv'),
@@ -898,14 +898,15 @@ MOE_DEFAULT_RULE = ((1.0, "gemv"), (16, "tiles_bm16"), (32, "tiles_bm32"), (None
 # BEGIN estimate_paths --experts --write-configs
 MOE_RULE: dict[str, tuple] = {
     'IQ1_M': (
-        (1.553, 'gemv'),
+        (1.24, 'gemv'),
         (2.302, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'IQ1_S': (
-        (1.553, 'gemv'),
+        (1.256, 'gemv'),
         (2.302, 'gemv_x2'),
         (4.07, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
@@ -914,35 +915,40 @@ MOE_RULE: dict[str, tuple] = {
     ),
     'IQ2_S': (
         (1.256, 'gemv'),
-        (2.302, 'gemv_x2'),
+        (1.568, 'gemv_x2'),
+        (2.302, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'IQ2_XS': (
         (1.256, 'gemv'),
-        (2.302, 'gemv_x2'),
+        (1.568, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'IQ2_XXS': (
         (1.256, 'gemv'),
-        (2.302, 'gemv_x2'),
+        (1.568, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'IQ3_S': (
         (1.115, 'gemv'),
-        (2.302, 'gemv_x2'),
+        (1.568, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'IQ3_XXS': (
-        (1.256, 'gemv'),
-        (2.302, 'gemv_x2'),
+        (1.24, 'gemv'),
+        (1.568, 'gemv_x2'),
+        (4.07, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),

@@ -258,7 +258,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         xf, xs = _prepared_x(x2, fmt, zero)
         gemv_dot_kernel[grid](*args, xf, xs, out, sums, counts, n, b, out.stride(0), m,
                               BLOCK=fmt.block_size, BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"],
-                              PARTS=cfg["PARTS"], DOT=fmt.dot, XSTRIDE=fmt.x_stride,
+                              PARTS=cfg["PARTS"], DOT=fmt.gemv_dot(cfg["XR"]), XSTRIDE=fmt.x_stride,
                               STAGES=cfg["STAGES"], XR=cfg["XR"], num_warps=cfg["num_warps"])
     else:
         cfg = _deterministic(configs.gemm_config(type_name, fmt.block_size, m, n, b, _device(x.device),
@@ -457,8 +457,9 @@ def _expert_gemv_rows(x, x2, ids, args, strides, fmt, shape, x_rows):
     xf, xs = _prepared_x(x2, fmt, zero)
     moe_gemv_rows_kernel[grid](*args, *strides, xf, xs, slot_x, slot_out, tile_expert, n_experts,
                                out, sums, counts, n, b, out.stride(0), BLOCK=fmt.block_size,
-                               BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"], DOT=fmt.dot,
-                               XSTRIDE=fmt.x_stride, XR=x_rows, num_warps=cfg["num_warps"])
+                               BN=cfg["BN"], SPLIT_K=cfg["SPLIT_K"], PARTS=cfg["PARTS"],
+                               DOT=fmt.gemv_dot(x_rows), XSTRIDE=fmt.x_stride, XR=x_rows,
+                               num_warps=cfg["num_warps"])
     return out.reshape(t, top, n)
 
 

@@ -66,7 +66,6 @@ from .fields import (
     words4,
     x8_scale,
     x8_words,
-    x_sum,
 )
 from .registry import register
 
@@ -153,8 +152,25 @@ IQ2_XS_TABLE, IQ2_XS_SIGN_MASKS = _grid_table("IQ2_XS", _ksigns, True)
 IQ2_S_TABLE, IQ2_S_SIGN_MASKS = _grid_table("IQ2_S", _all_sign_bytes)
 IQ3_XXS_TABLE, IQ3_XXS_SIGN_MASKS = _grid_table("IQ3_XXS", _ksigns, True)
 IQ3_S_TABLE, IQ3_S_SIGN_MASKS = _grid_table("IQ3_S", _all_sign_bytes)
-IQ1_S_TABLE, _ = _grid_table("IQ1_S")
-IQ1_M_TABLE, _ = _grid_table("IQ1_M")
+
+
+def _grid_plus_delta(name):
+    """The IQ1 grid's rows (-1, 0, 1) as 8 g + 1 (rows 0..2047), then 8 g - 1 (2048..4095),
+    signed bytes: 8 (g + delta), delta = +-1/8, in integers. The GEMV's (int8 x) rows, numbered
+    by the 11-bit grid row with the delta's sign on top: a DP4A of 4 weights takes the delta
+    too, where sum(g x) and sum(x) took a DP4A each (IQ1_M: a sign every 8 weights) or a float
+    multiply-add by x's sums (IQ1_S: every 32)."""
+    def part():
+        g = _grid_words(name).view(np.int8).astype(np.int32)
+        rows = np.concatenate([8 * g + 1, 8 * g - 1]).astype(np.int8)
+        return rows.view("<i4").astype(np.int32)
+
+    return part
+
+
+IQ1_S_TABLE = _table(_grid("IQ1_S"), _grid_plus_delta("IQ1_S"))
+IQ1_M_TABLE = _table(_grid("IQ1_M"), _grid_plus_delta("IQ1_M"))
+IQ1_DELTA_GRID = tl.constexpr(2048 * 8 // 4)  # the word where _grid_plus_delta's rows begin
 
 
 # -- shared unpacking ------------------------------------------------------------------
@@ -402,15 +418,28 @@ def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
+def signed_bytes(g, m):
+    """Grid bytes g (1 to 127 each: every grid's values are) with those under m's 0xFF bytes
+    negated, as signed bytes: -g = (g ^ 0xFF) + 1, and no carry leaves a byte, since g >= 1.
+    Three instructions a word, where the sum less twice the negative part costs a DP4A a
+    word for each row of x: what the GEMV at more than one row of x takes (dot_rows)."""
+    return (g ^ m) + (m & 0x01010101)
+
+
+@triton.jit
 def signed_row8_dot_int8(total, negative, TABLE, GRID: tl.constexpr, idx, MASKS: tl.constexpr, sidx,
-                         x0, x1):
+                         x0, x1, SIGNED: tl.constexpr = False):
     """(total + grid row idx times x, negative + the row where signed times x), 8 weights:
     the row's 8 bytes from the byte grid at word GRID (two words, 4 a DP4A), its signs'
     byte masks row sidx of the table at word MASKS (_sign_masks8: one gather, where making
     them from the sign byte took some 10 instructions, 3 of them its parity). sum(grid signs x) =
-    total - 2 negative: no byte negated."""
+    total - 2 negative: no byte negated. SIGNED: the signed bytes times x into total
+    (signed_bytes), negative left as it is."""
     g0, g1 = tl.split(row_words(TABLE, GRID, idx, 2))
     m0, m1 = tl.split(row_words(TABLE, MASKS, sidx, 2))
+    if SIGNED:
+        total = dot4(signed_bytes(g0, m0), x0, total, True)
+        return dot4(signed_bytes(g1, m1), x1, total, True), negative
     total = dot4(g0, x0, total, True)
     total = dot4(g1, x1, total, True)
     negative = dot4(g0 & m0, x0, negative, True)
@@ -418,7 +447,8 @@ def signed_row8_dot_int8(total, negative, TABLE, GRID: tl.constexpr, idx, MASKS:
 
 
 @triton.jit
-def iq2_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+def iq2_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr,
+                SIGNED: tl.constexpr = False):
     """IQ2_XXS (int8 x): 8 groups of 32 weights, each two qs words: 4 grid row numbers (a
     byte per 8 weights), then 4 seven-bit ksigns indices (their sign byte: the index, its
     parity at bit 7, ksigns_byte) and the group's 4-bit scale s on top;
@@ -436,14 +466,21 @@ def iq2_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS
                     xw = x8_words(XB, 32 * g + 8 * r)  # x of rows r and r + 1
                 total, negative = signed_row8_dot_int8(
                     total, negative, TABLE, 128, bits_at(w[2 * h], 8 * r, 8, 0), IQ2_XXS_SIGN_MASKS,
-                    bits_at(w[2 * h + 1], 7 * r, 7, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1])
+                    bits_at(w[2 * h + 1], 7 * r, 7, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1], SIGNED)
             scale = (shr(w[2 * h + 1], 28).to(tl.float32) + 0.5) * x8_scale(XB, 256, 32 * g)
             acc += scale * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
 
 
+
 @triton.jit
-def iq2_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+def iq2_xxs_dot_rows(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """iq2_xxs_dot in signed bytes (signed_bytes), the GEMV's at more than one row of x."""
+    return iq2_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS, True)
+
+@triton.jit
+def iq2_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr,
+               SIGNED: tl.constexpr = False):
     """IQ2_XS (int8 x): a 16-bit qs value per 8 weights (9-bit grid row, 7-bit ksigns index),
     a 4-bit scale s per 16 (scales nibble c for qs word c): d * (0.5 + s) * 0.25 *
     sum(grid * signs * x), 4 weights a DP4A (signed_row8_dot_int8)."""
@@ -462,14 +499,21 @@ def iq2_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS:
             for h in tl.static_range(2):
                 total, negative = signed_row8_dot_int8(
                     total, negative, TABLE, 128, bits_at(w[c], 16 * h, 9, 0), IQ2_XS_SIGN_MASKS,
-                    bits_at(w[c], 16 * h + 9, 7, 0), xw[2 * h], xw[2 * h + 1])
+                    bits_at(w[c], 16 * h + 9, 7, 0), xw[2 * h], xw[2 * h + 1], SIGNED)
             scale = shr(sc0 if q < 2 else sc1, 4 * (4 * (q % 2) + c)) & 15
             acc += ((scale.to(tl.float32) + 0.5) * xs) * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
 
 
+
 @triton.jit
-def iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+def iq2_xs_dot_rows(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """iq2_xs_dot in signed bytes (signed_bytes), the GEMV's at more than one row of x."""
+    return iq2_xs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS, True)
+
+@triton.jit
+def iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr,
+              SIGNED: tl.constexpr = False):
     """IQ2_S (int8 x): per 8 weights k, a grid row numbered by qs byte k (low 8 bits) and bits
     2k of qh (top 2), and sign byte 32 + k of qs; a 4-bit scale s per 16:
     d * (0.5 + s) * 0.25 * sum(grid * signs * x), 4 weights a DP4A (signed_row8_dot_int8)."""
@@ -491,14 +535,21 @@ def iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
                            | bits_at(qh0 if q == 0 else qh1, 2 * (4 * c + b), 2, 8))
                     total, negative = signed_row8_dot_int8(
                         total, negative, TABLE, 0, idx, IQ2_S_SIGN_MASKS, bits_at(sg[c], 8 * b, 8, 0),
-                        xw[2 * b2], xw[2 * b2 + 1])
+                        xw[2 * b2], xw[2 * b2 + 1], SIGNED)
                 scale = shr(sc0 if q == 0 else sc1, 4 * (2 * c + half)) & 15
                 acc += ((scale.to(tl.float32) + 0.5) * xs) * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.25 * acc
 
 
+
 @triton.jit
-def signed_rows4_dot_int8(total, negative, TABLE, MASKS: tl.constexpr, a, b, sidx, x0, x1):
+def iq2_s_dot_rows(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """iq2_s_dot in signed bytes (signed_bytes), the GEMV's at more than one row of x."""
+    return iq2_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS, True)
+
+@triton.jit
+def signed_rows4_dot_int8(total, negative, TABLE, MASKS: tl.constexpr, a, b, sidx, x0, x1,
+                          SIGNED: tl.constexpr = False):
     """signed_row8_dot_int8 for a 4-wide byte grid (at word 0: one word a row): rows a then
     b, 8 weights, their signs' byte masks row sidx of the table at word MASKS."""
     # (each a [R, 1] row reduced, as fields.row_load: a 1-D gather took another layout, and a
@@ -506,6 +557,9 @@ def signed_rows4_dot_int8(total, negative, TABLE, MASKS: tl.constexpr, a, b, sid
     g0 = tl.sum(row_words(TABLE, 0, a, 1), axis=1)
     g1 = tl.sum(row_words(TABLE, 0, b, 1), axis=1)
     m0, m1 = tl.split(row_words(TABLE, MASKS, sidx, 2))
+    if SIGNED:
+        total = dot4(signed_bytes(g0, m0), x0, total, True)
+        return dot4(signed_bytes(g1, m1), x1, total, True), negative
     total = dot4(g0, x0, total, True)
     total = dot4(g1, x1, total, True)
     negative = dot4(g0 & m0, x0, negative, True)
@@ -513,7 +567,8 @@ def signed_rows4_dot_int8(total, negative, TABLE, MASKS: tl.constexpr, a, b, sid
 
 
 @triton.jit
-def iq3_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+def iq3_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr,
+                SIGNED: tl.constexpr = False):
     """IQ3_XXS (int8 x): a grid row (4 wide) per qs byte 0..63; per 32 weights an aux word
     (qs word 16 + group) of 4 seven-bit ksigns indices (one per 8 weights) and a 4-bit scale
     s on top: d * (0.5 + s) * 0.5 * sum(grid * signs * x), 4 weights a DP4A (the byte grid
@@ -533,14 +588,21 @@ def iq3_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS
                 total, negative = signed_rows4_dot_int8(
                     total, negative, TABLE + 128, IQ3_XXS_SIGN_MASKS - 128,
                     bits_at(word, 16 * (r % 2), 8, 0), bits_at(word, 16 * (r % 2) + 8, 8, 0),
-                    bits_at(aux, 7 * r, 7, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1])
+                    bits_at(aux, 7 * r, 7, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1], SIGNED)
             scale = (shr(aux, 28).to(tl.float32) + 0.5) * x8_scale(XB, 256, 64 * c + 32 * h)
             acc += scale * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * 0.5 * acc
 
 
+
 @triton.jit
-def iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+def iq3_xxs_dot_rows(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """iq3_xxs_dot in signed bytes (signed_bytes), the GEMV's at more than one row of x."""
+    return iq3_xxs_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS, True)
+
+@triton.jit
+def iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr,
+              SIGNED: tl.constexpr = False):
     """IQ3_S (int8 x): a grid row (4 wide) per qs byte k (low 8 bits) and bit k of qh (the
     ninth); a sign byte per 8 weights; a 4-bit scale s per 32: d * (1 + 2 s) *
     sum(grid * signs * x), 4 weights a DP4A."""
@@ -564,19 +626,26 @@ def iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
                 b = bits_at(word, 16 * (r % 2) + 8, 8, 0) | bits_at(high, k % 32 + 1, 1, 8)
                 total, negative = signed_rows4_dot_int8(
                     total, negative, TABLE, IQ3_S_SIGN_MASKS, a, b,
-                    bits_at(signs[2 * (c % 2) + h], 8 * r, 8, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1])
+                    bits_at(signs[2 * (c % 2) + h], 8 * r, 8, 0), xw[2 * (r % 2)], xw[2 * (r % 2) + 1],
+                    SIGNED)
             scale = shr(scales, 4 * g8) & 15
             xs = x8_scale(XB, 256, 32 * g8)
             acc += ((2 * scale + 1).to(tl.float32) * xs) * (total - 2 * negative).to(tl.float32)
     return scale_f16(P0, j, rows, mask, N) * acc
 
 
+
+@triton.jit
+def iq3_s_dot_rows(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
+    """iq3_s_dot in signed bytes (signed_bytes), the GEMV's at more than one row of x."""
+    return iq3_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS, True)
+
 @triton.jit
 def iq1_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     """IQ1_S (int8 x): per 32 weights a 16-bit qh value (four 3-bit grid row highs, a 3-bit
     scale s, the delta's sign on top) and 4 qs bytes (grid row lows):
-    d * (2 s + 1) * (sum(grid x) + delta * sum(x)), delta = +-1/8. A grid row is 8 signed
-    bytes (the dequant's table), 4 a DP4A."""
+    d * (2 s + 1) * sum((grid + delta) x), delta = +-1/8: the grid rows as 8 (grid + delta),
+    signed bytes (_grid_plus_delta, numbered with the delta's sign as bit 11), 4 a DP4A."""
     acc = tl.zeros(rows.shape, tl.float32)
     for qq in tl.static_range(2 // PARTS):  # halves of 128 weights: q = part with PARTS 2
         q = (2 // PARTS) * part + qq
@@ -584,34 +653,32 @@ def iq1_s_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
         qh = words2(P2, j, rows, mask, N, 4, 2 * q)
         for c in tl.static_range(4):  # group 4q + c: half c % 2 of qh word c // 2
             s = tl.zeros(rows.shape, tl.int32)
+            delta = bits_at(qh[c // 2], 16 * (c % 2) + 15, 1, 11)
             for r in tl.static_range(4):
                 if r % 2 == 0:
                     xw = x8_words(XB, 128 * q + 32 * c + 8 * r)  # for rows r and r + 1
-                idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(qh[c // 2], 16 * (c % 2) + 3 * r, 3, 8)
-                g0, g1 = tl.split(row_words(TABLE, 0, idx, 2))
+                idx = (bits_at(w[c], 8 * r, 8, 0) | bits_at(qh[c // 2], 16 * (c % 2) + 3 * r, 3, 8)
+                       | delta)
+                g0, g1 = tl.split(row_words(TABLE, IQ1_DELTA_GRID, idx, 2))
                 s = dot4(g0, xw[2 * (r % 2)], s, True)
                 s = dot4(g1, xw[2 * (r % 2) + 1], s, True)
-            hv = shr(qh[c // 2], 16 * (c % 2))
-            sum_x = s.to(tl.float32) * x8_scale(XB, 256, 128 * q + 32 * c)
-            sum_x += tl.where((hv & 0x8000) != 0, -0.125, 0.125) * x_sum(SB + 8 * q, 32 * c, 32)
-            acc += (2 * (shr(hv, 12) & 7) + 1).to(tl.float32) * sum_x
-    return scale_f16(P0, j, rows, mask, N) * acc
+            scale = 2 * (shr(qh[c // 2], 16 * (c % 2) + 12) & 7) + 1
+            acc += scale.to(tl.float32) * (s.to(tl.float32) * x8_scale(XB, 256, 128 * q + 32 * c))
+    return scale_f16(P0, j, rows, mask, N) * 0.125 * acc
 
 
 @triton.jit
 def iq1_m_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: tl.constexpr):
     """IQ1_M (int8 x): per 8 weights a qs byte (grid row low 8 bits) and a qh nibble (3 high
     bits, the delta's sign); per 16 a 3-bit scale s; d's 16 bits are the top nibbles of the 4
-    scale half-words: d * (2 s + 1) * sum((grid + delta) x), delta = +-1/8. In integers,
-    8 (grid + delta) x summed is 8 sum(grid x) +- sum(x): the grid row's bytes (the dequant's
-    byte grid, -1, 0, 1) 4 a DP4A, and the 8 x's sum by DP4A with ones (the same for every
-    row a thread holds)."""
+    scale half-words: d * (2 s + 1) * sum((grid + delta) x), delta = +-1/8. The grid rows as
+    8 (grid + delta), signed bytes (_grid_plus_delta: the nibble whole is the row's top 4
+    bits), 4 a DP4A."""
     sc0, sc1 = words2(P2, j, rows, mask, N, 2, 0)
     d_bits = ((shr(sc0, 12) & 0xF) | (shr(sc0, 24) & 0xF0) | (shr(sc1, 4) & 0xF00)
               | (shr(sc1, 16) & 0xF000))
     d = d_bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     acc = tl.zeros(rows.shape, tl.float32)
-    ones = 0x01010101 + opaque_zero(N)  # (an int32 tensor: its bytes, 1 each, as DP4A reads them)
     for qq in tl.static_range(2 // PARTS):  # halves of 128 weights: q = part with PARTS 2
         q = (2 // PARTS) * part + qq
         w = words4(P0, j, rows, mask, N, 8, 4 * q)
@@ -624,12 +691,9 @@ def iq1_m_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
                 s = tl.zeros(rows.shape, tl.int32)
                 for r2 in tl.static_range(2):
                     r = 2 * half + r2  # byte r of the qs word: 8 weights
-                    nibble = shr(qh[c // 2], 4 * ((4 * c + r) % 8))
-                    idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(nibble, 0, 3, 8)
-                    g0, g1 = tl.split(row_words(TABLE, 0, idx, 2))
-                    grid_x = dot4(g1, xw[2 * r2 + 1], dot4(g0, xw[2 * r2], 0, True), True)
-                    sum_x = dot4(ones, xw[2 * r2 + 1], dot4(ones, xw[2 * r2], 0, True), True)
-                    s += 8 * grid_x + tl.where((nibble & 8) != 0, -sum_x, sum_x)
+                    idx = bits_at(w[c], 8 * r, 8, 0) | bits_at(qh[c // 2], 4 * ((4 * c + r) % 8), 4, 8)
+                    g0, g1 = tl.split(row_words(TABLE, IQ1_DELTA_GRID, idx, 2))
+                    s = dot4(g1, xw[2 * r2 + 1], dot4(g0, xw[2 * r2], s, True), True)
                 t = 2 * c + half  # of 8 scales in word q, 3 bits each, 4 per 16-bit half
                 scale = shr(word, 16 * (t // 4) + 3 * (t % 4)) & 7
                 by_scale += (2 * scale + 1) * s
@@ -732,7 +796,7 @@ def iq2_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
 
 
 @register("IQ2_XXS", 256, ("d", "qs"), table=IQ2_XXS_TABLE, dot=iq2_xxs_dot, x_int8=True,
-          dequant_half=iq2_xxs_half, f16_nibble_run=-3, wide_f16="float32")
+          dot_rows=iq2_xxs_dot_rows, dequant_half=iq2_xxs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     R: tl.constexpr = rows.shape[0]
@@ -758,7 +822,7 @@ def iq2_xs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
 
 
 @register("IQ2_XS", 256, ("d", "qs", "scales"), table=IQ2_XS_TABLE, dot=iq2_xs_dot, x_int8=True,
-          dequant_half=iq2_xs_half, f16_nibble_run=-3, wide_f16="float32")
+          dot_rows=iq2_xs_dot_rows, dequant_half=iq2_xs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -781,7 +845,7 @@ def iq2_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
 
 
 @register("IQ2_S", 256, ("d", "qs", "qh", "scales"), table=IQ2_S_TABLE, dot=iq2_s_dot, x_int8=True,
-          dequant_half=iq2_s_half, f16_nibble_run=-3, wide_f16="float32")
+          dot_rows=iq2_s_dot_rows, dequant_half=iq2_s_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq2_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -809,7 +873,7 @@ def iq3_xxs_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
 
 
 @register("IQ3_XXS", 256, ("d", "qs"), table=IQ3_XXS_TABLE, dot=iq3_xxs_dot, x_int8=True,
-          dequant_half=iq3_xxs_half, f16_nibble_run=-3, wide_f16="float32")
+          dot_rows=iq3_xxs_dot_rows, dequant_half=iq3_xxs_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_xxs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)
@@ -837,7 +901,7 @@ def iq3_s_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
 
 
 @register("IQ3_S", 256, ("d", "qs", "qh", "signs", "scales"), table=IQ3_S_TABLE, dot=iq3_s_dot, x_int8=True,
-          dequant_half=iq3_s_half, f16_nibble_run=-3, wide_f16="float32")
+          dot_rows=iq3_s_dot_rows, dequant_half=iq3_s_half, f16_nibble_run=-3, wide_f16="float32")
 @triton.jit
 def iq3_s(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     d = field_f16_words(P0, j, rows, mask, N)

@@ -22,7 +22,11 @@ gemv.py's prepare_x_kernel; for an `x_int8` type XB points at its int8 x and the
 see fields.py's "GEMV with int8 x"): the same weights, multiplied straight from the packed fields, with
 the scales applied once per sub-block. configs.GEMV_PARTS says how many calls a block takes
 (a 256-weight block in parts lets a thread own more rows at the same registers); `dot_parts`
-says which PARTS the dot function supports.
+says which PARTS the dot function supports. `dot_rows`, where a type has one, is the dot
+function the GEMV takes at more than one row of x a program (gemv.gemv_dot_rows): the same
+product, in a form that does more for the weights and less for each row of x, which pays
+where the weights' part is done once for all the rows (the compiler's common
+subexpressions): the grid types' signed grid bytes (formats_iquants.signed_row8_dot_int8).
 
 A type may have a half-precision dequant function, `dequant_half`, for the fused GEMM with
 float16 and bfloat16 x: the same signature and DT, the x dtype (a constexpr: tl.float16 or
@@ -92,6 +96,11 @@ class Format:
     half_acts: tuple[str, ...] = ("fp16", "bf16")  # the x dtypes dequant_half takes
     # (dequant_half without the block's scale, the scale): the BM = 16 tile's, see above
     scaled_after: tuple[object, object] | None = None
+    dot_rows: object = None  # the GEMV's dot function at more than one row of x, see above
+
+    def gemv_dot(self, x_rows: int):
+        """The dot function of the GEMV at x_rows rows of x a program."""
+        return self.dot_rows if x_rows > 1 and self.dot_rows is not None else self.dot
 
     def half_dequant(self, act: str):
         """dequant_half where it takes x of `act` ("fp16", "bf16"), else None."""
@@ -112,7 +121,7 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_half=None,
              f16_nibble_run: int = 0, wide_f16: tuple[object, int] | str | None = None,
              half_acts: tuple[str, ...] = ("fp16", "bf16"),
-             scaled_after: tuple[object, object] | None = None):
+             scaled_after: tuple[object, object] | None = None, dot_rows=None):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
@@ -120,7 +129,8 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
         assert name not in FORMATS, name
         wide = (fn, 0) if wide_f16 == "float32" else wide_f16
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
-                               dequant_half, f16_nibble_run, wide, half_acts, scaled_after)
+                               dequant_half, f16_nibble_run, wide, half_acts, scaled_after,
+                               dot_rows)
         return fn
 
     return wrap

@@ -14,10 +14,11 @@ import gguf_repack_kernels as kernels
 from gguf_repack.format.type_table import TYPES_BY_NAME
 from gguf_repack.runtime.dequant import dequantize_planes
 
-# float x (32- and 256-weight blocks), int8 x, blocks in parts (IQ4_XS); the types whose rule
-# takes the GEMV at M = 3 (the 1- to 3-bit ones) are checked against the reference there by
-# test_kernels.py's slow tier
-TYPES = ["Q4_0", "Q4_K", "Q2_K", "IQ4_XS"]
+# float x (32- and 256-weight blocks), int8 x, blocks in parts (IQ4_XS), a grid type of 8- and
+# one of 4-byte rows (their dot_rows: signed bytes where one row of x takes the sum less twice the
+# negative part); the types whose rule takes the GEMV at M = 3 (the 1- to 3-bit ones) are
+# checked against the reference there by test_kernels.py's slow tier
+TYPES = ["Q4_0", "Q4_K", "Q2_K", "IQ4_XS", "IQ2_XXS", "IQ3_S"]
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def _expert_rule(monkeypatch, name, choice):
     monkeypatch.setitem(kernels.configs.MOE_RULE, name, ((None, choice),))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "MXFP4"])  # float x, int8 x
+@pytest.mark.parametrize("name", ["Q4_0", "MXFP4", "IQ2_S"])  # float x, int8 x, dot_rows
 def test_expert_rows_a_program_are_each_pair_alone(name, rng, monkeypatch, deterministic):
     """Each (token, slot) pair's product is the one the GEMV a pair gives, bit for bit, at 2
     and at 4 rows a program, with x a token (float32) and x a slot (float16); the experts are

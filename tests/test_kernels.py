@@ -660,11 +660,12 @@ def test_decode_tq1_0_digit_table_is_gguf_pys():
     assert np.array_equal(as_float[:, :5], digits) and not as_float[:, 5:].any()
 
 
-@pytest.mark.parametrize("name", ["IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
+@pytest.mark.parametrize("name", ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
 def test_decode_grid_tables_are_gguf_pys(name):
-    """The grid types' GEMV (int8 x) reads the grid as bytes and, but IQ1_M's, each sign byte
-    (or 7-bit ksigns index) as 8 byte masks; decoded here by hand, they are gguf-py's grid
-    and signs."""
+    """The grid types' GEMV (int8 x) reads the grid as bytes and, but the IQ1 types', each
+    sign byte (or 7-bit ksigns index) as 8 byte masks; the IQ1 types' GEMV, their rows as
+    8 (grid + delta) for each delta, +1/8 then -1/8; decoded here by hand, they are gguf-py's
+    grid, signs and delta."""
     import gguf.quants
 
     from gguf_repack_kernels import formats_iquants as iq
@@ -674,9 +675,13 @@ def test_decode_grid_tables_are_gguf_pys(name):
     grid = cls.grid.reshape(cls.grid_shape)
     words = kernels.FORMATS[name].table(torch.device("cpu")).numpy().astype(np.int32)
     assert kernels.FORMATS[name].x_int8  # the byte grid (after the 128 ksigns words), then masks
-    at = 0 if name in ("IQ1_M", "IQ2_S", "IQ3_S") else 128
+    at = 0 if name in ("IQ1_S", "IQ1_M", "IQ2_S", "IQ3_S") else 128
     assert np.array_equal(words[at:].view(np.int8)[:grid.size].reshape(grid.shape), grid)
-    if name != "IQ1_M":  # (IQ1's grid holds -1, 0, 1 and no signs)
+    if name.startswith("IQ1"):  # (IQ1's grid holds -1, 0, 1 and no signs; a delta +-1/8)
+        delta = gguf.quants.IQ1_S.delta
+        with_delta = words[iq.IQ1_DELTA_GRID.value:].view(np.int8).reshape(2, *grid.shape)
+        assert np.array_equal(with_delta, 8 * np.stack([grid + delta, grid - delta]))
+    else:
         sign_bytes = (np.arange(256, dtype=np.uint8) if name in ("IQ2_S", "IQ3_S")
                       else np.frombuffer(gguf.quants.IQ2_XXS.ksigns, dtype=np.uint8))
         masks = words[getattr(iq, f"{name}_SIGN_MASKS").value:].view(np.uint8)[:8 * len(sign_bytes)]
