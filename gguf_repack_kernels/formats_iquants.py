@@ -414,7 +414,7 @@ def iq4_xs(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     return per_group(dl, tl.reshape(q, (rows.shape[0], 256)))
 
 
-# -- the lattice types' GEMV: bfloat16 grid rows, signs XORed into them ------------------
+# -- the lattice types' GEMV (int8 x): grid rows as bytes, signs as byte masks -----------
 
 
 @triton.jit
@@ -427,16 +427,10 @@ def signed_bytes(g, m):
 
 
 @triton.jit
-def signed_row8_dot_int8(total, negative, TABLE, GRID: tl.constexpr, idx, MASKS: tl.constexpr, sidx,
-                         x0, x1, SIGNED: tl.constexpr = False):
-    """(total + grid row idx times x, negative + the row where signed times x), 8 weights:
-    the row's 8 bytes from the byte grid at word GRID (two words, 4 a DP4A), its signs'
-    byte masks row sidx of the table at word MASKS (_sign_masks8: one gather, where making
-    them from the sign byte took some 10 instructions, 3 of them its parity). sum(grid signs x) =
-    total - 2 negative: no byte negated. SIGNED: the signed bytes times x into total
-    (signed_bytes), negative left as it is."""
-    g0, g1 = tl.split(row_words(TABLE, GRID, idx, 2))
-    m0, m1 = tl.split(row_words(TABLE, MASKS, sidx, 2))
+def signed_words_dot(total, negative, g0, g1, m0, m1, x0, x1, SIGNED: tl.constexpr):
+    """8 grid bytes (words g0, g1) and their signs' byte masks (m0, m1) times x's words x0, x1:
+    (total + the bytes times x, negative + those under the masks times x), the sum less twice
+    the negative part; SIGNED: the signed bytes times x into total, negative as it is."""
     if SIGNED:
         total = dot4(signed_bytes(g0, m0), x0, total, True)
         return dot4(signed_bytes(g1, m1), x1, total, True), negative
@@ -444,6 +438,18 @@ def signed_row8_dot_int8(total, negative, TABLE, GRID: tl.constexpr, idx, MASKS:
     total = dot4(g1, x1, total, True)
     negative = dot4(g0 & m0, x0, negative, True)
     return total, dot4(g1 & m1, x1, negative, True)
+
+
+@triton.jit
+def signed_row8_dot_int8(total, negative, TABLE, GRID: tl.constexpr, idx, MASKS: tl.constexpr, sidx,
+                         x0, x1, SIGNED: tl.constexpr = False):
+    """(total + grid row idx times x, negative + the row where signed times x), 8 weights:
+    the row's 8 bytes from the byte grid at word GRID (two words, 4 a DP4A), its signs'
+    byte masks row sidx of the table at word MASKS (_sign_masks8: one gather, where making
+    them from the sign byte took some 10 instructions, 3 of them its parity): signed_words_dot."""
+    g0, g1 = tl.split(row_words(TABLE, GRID, idx, 2))
+    m0, m1 = tl.split(row_words(TABLE, MASKS, sidx, 2))
+    return signed_words_dot(total, negative, g0, g1, m0, m1, x0, x1, SIGNED)
 
 
 @triton.jit
@@ -557,13 +563,7 @@ def signed_rows4_dot_int8(total, negative, TABLE, MASKS: tl.constexpr, a, b, sid
     g0 = tl.sum(row_words(TABLE, 0, a, 1), axis=1)
     g1 = tl.sum(row_words(TABLE, 0, b, 1), axis=1)
     m0, m1 = tl.split(row_words(TABLE, MASKS, sidx, 2))
-    if SIGNED:
-        total = dot4(signed_bytes(g0, m0), x0, total, True)
-        return dot4(signed_bytes(g1, m1), x1, total, True), negative
-    total = dot4(g0, x0, total, True)
-    total = dot4(g1, x1, total, True)
-    negative = dot4(g0 & m0, x0, negative, True)
-    return total, dot4(g1 & m1, x1, negative, True)
+    return signed_words_dot(total, negative, g0, g1, m0, m1, x0, x1, SIGNED)
 
 
 @triton.jit

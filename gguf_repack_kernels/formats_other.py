@@ -288,12 +288,17 @@ def tq2_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     instructions a step and spills, against 389). Not behind the kWidth fence (947, spilling).
     The 64-row tiles take the float32 function (the expert one spilled in its K loop)."""
     R: tl.constexpr = rows.shape[0]
-    BASE: tl.constexpr = 129.0 if DT == tl.bfloat16 else 1025.0
-    q = qs_fields_half(P0, j, rows, mask, N, DT) - BASE  # [R, c, i, k, s1, half]
     d = field_f16(P1, j, rows, mask, N)  # [R, 1]
     dl = by_thread_and_field(tl.broadcast_to(d, (R, 16)).to(DT))
-    q = q * dl
+    q = tq2_0_codes_less_one(P0, j, rows, mask, N, DT) * dl
     return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
+
+
+@triton.jit
+def tq2_0_codes_less_one(P0, j, rows, mask, N, DT: tl.constexpr):
+    """TQ2_0's codes less 1, exactly, DT [R, c, i, k, s1, half] (qs_fields_half's order)."""
+    BASE: tl.constexpr = 129.0 if DT == tl.bfloat16 else 1025.0
+    return qs_fields_half(P0, j, rows, mask, N, DT) - BASE
 
 
 @triton.jit
@@ -301,8 +306,7 @@ def tq2_0_digits_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.conste
     """tq2_0_half without d: code - 1, exactly, in the same order, for the BM = 16 tile, which
     multiplies each block's MMA sum by tq2_0_block_scale (gemm.py's BLOCK_SCALE)."""
     R: tl.constexpr = rows.shape[0]
-    BASE: tl.constexpr = 129.0 if DT == tl.bfloat16 else 1025.0
-    q = qs_fields_half(P0, j, rows, mask, N, DT) - BASE  # [R, c, i, k, s1, half]
+    q = tq2_0_codes_less_one(P0, j, rows, mask, N, DT)
     return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
 
 
