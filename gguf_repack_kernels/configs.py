@@ -264,6 +264,7 @@ MATMUL_RULE: dict[str, tuple] = {
     ),
     'Q3_K': (
         (4, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
@@ -480,6 +481,19 @@ def half_dequant_allowed(type_name: str) -> bool:
     return on_this_triton(HALF_DEQUANT_FROM_TRITON, type_name)
 
 
+# The BM = 16 tile takes the type's narrow_f16 (registry.py) from this Triton on, its
+# dequant_half before. Q3_K's scales read in 16-bit words (formats_kquants.q3_k_half_m16),
+# sm_90 SASS, fp16 x, loop instructions a step: Triton 3.9 970 -> 794 (x's tile read by
+# ldmatrix), Triton 3.6 922 -> 1081; 3.7 and 3.8 not measured (BENCHMARKS.md "Q3_K's scales
+# in halves"). dispatch.gemm_dequant reads it.
+NARROW_F16_FROM_TRITON = {"Q3_K": (3, 9)}
+
+
+def narrow_half_allowed(type_name: str) -> bool:
+    """Whether the BM = 16 tile may take the type's narrow_f16 with this Triton."""
+    return on_this_triton(NARROW_F16_FROM_TRITON, type_name)
+
+
 # The tiles (BM: types) that take the 16-bit weight tile through gemm.kwidth_fence. BM = 16
 # (x the MMA's A operand, read from shared memory): these types' unpacking is not ordered for
 # the fragments, and behind the fence x's tile is read by ldmatrix (sm_90 SASS, loop
@@ -583,11 +597,12 @@ def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
 # The estimate equals the compiles' count for float32 and sm_90 and bounds the rest (the
 # slow test, tests/test_kernels_ptx.py, holds every launched tile to it).
 # (With a word a row for each 16-bit scale the dequant function reads in words,
-# fields.field16_in_word: those the pipeline now copies ahead too.)
+# fields.field16_in_word: those the pipeline now copies ahead too. Q3_K's 116 -> 128 for its
+# BM = 16 tile's scales read in 16-bit words, q3_k_half_m16: 49,152 bytes at sm_80-120.)
 SHARED_ROW_BYTES = {
     "IQ1_M": 268, "IQ1_S": 276, "IQ2_S": 302, "IQ2_XS": 398, "IQ2_XXS": 452, "IQ3_S": 298,
     "IQ3_XXS": 420, "IQ4_NL": 20, "IQ4_XS": 140, "MXFP4": 16, "NVFP4": 36, "Q2_K": 88,
-    "Q3_K": 116, "Q4_0": 20, "Q4_1": 24, "Q4_K": 152, "Q5_0": 24, "Q5_1": 28, "Q5_K": 184,
+    "Q3_K": 128, "Q4_0": 20, "Q4_1": 24, "Q4_K": 152, "Q5_0": 24, "Q5_1": 28, "Q5_K": 184,
     "Q6_K": 212, "Q8_0": 36, "TQ1_0": 48, "TQ2_0": 64}
 
 
@@ -980,6 +995,7 @@ MOE_RULE: dict[str, tuple] = {
         (1.0, 'gemv'),
         (1.568, 'gemv_x2'),
         (4.07, 'gemv_x4'),
+        (8.003, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),

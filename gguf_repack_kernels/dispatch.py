@@ -190,9 +190,9 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     function where it takes x's dtype (registry.py; from BM = 64 on its wide_f16 where it has
     that; below, where the installed Triton may take it:
     configs.half_dequant_allowed; at BM = 16 its scaled_after where it has one, BLOCK_SCALE
-    its block's scale), else the float32 one; FENCE, whether the tile fences its
-    weight tile (configs.kwidth_fence); and MMA_PIPELINED, whether it promises a non-empty K
-    loop (configs.mma_pipelined)."""
+    its block's scale, or its narrow_f16 where configs.narrow_half_allowed), else the
+    float32 one; FENCE, whether the tile fences its weight tile (configs.kwidth_fence); and
+    MMA_PIPELINED, whether it promises a non-empty K loop (configs.mma_pipelined)."""
     act = configs.act_name(dtype)
     flags = {"FENCE": configs.kwidth_fence(fmt.name, bm, act),
              "MMA_PIPELINED": configs.mma_pipelined(fmt.name, bm, act), "BLOCK_SCALE": None}
@@ -211,6 +211,8 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     if bm == 16 and fmt.scaled_after is not None:  # the block's scale after the MMA (registry.py)
         unscaled, scale = fmt.scaled_after
         return {"DQ": unscaled, "DQ_DT": dt, "XRUN": fmt.f16_nibble_run, **flags, "BLOCK_SCALE": scale}
+    if bm == 16 and fmt.narrow_f16 is not None and configs.narrow_half_allowed(fmt.name):
+        half = fmt.narrow_f16  # the BM = 16 tile's own (registry.py)
     return {"DQ": half, "DQ_DT": dt, "XRUN": fmt.f16_nibble_run, **flags}
 
 

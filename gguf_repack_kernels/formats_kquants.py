@@ -366,13 +366,28 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def q3_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+def q3_scales_in_halves(P, j, rows, mask, N):
+    """q3_scales read as the 16-bit words that hold each scale's two bytes (one word load for
+    each of the 16, 6 distinct words a row): the narrowest load behind the BM = 16 tile's
+    weights is then 16 bits, not a byte, so that x's tile, its MMA's A operand, is read by
+    ldmatrix (gemm.py's kWidth note) where it took scalar loads and 4 register moves an MMA."""
+    s = tl.arange(0, 16)[None, :]
+    words = P.to(tl.pointer_type(tl.uint16)) + (j * N + rows).to(tl.int64)[:, None] * 6
+    low = tl.load(words + (s % 8) // 2, mask=mask[:, None], other=0).to(tl.int32)
+    top = tl.load(words + 4 + (s % 4) // 2, mask=mask[:, None], other=0).to(tl.int32)
+    sc = ((low >> (8 * (s % 2) + 4 * (s // 8))) & 15) | (((top >> (8 * (s % 2) + 2 * (s // 4))) & 3) << 4)
+    return sc - 32
+
+
+@triton.jit
+def q3_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr, SCALES_IN_HALVES: tl.constexpr):
     """Q3_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in Q2_K's
     fragment order (q2_k_f16: the same low 2 bits in qs), each field's high bit from hmask
     (bit 4n + k of byte l for weight 128n + 32k + l; thread c reads hmask bytes 16 (c % 2)...)
     put at bit 2, then 1028 off exactly (bfloat16: 132). d times the sub-block's scale is
     rounded to float16, then times the value: two roundings where the float32 function has
-    one (within the GEMM's tolerance), as Q6_K's and IQ4_XS's float16 functions."""
+    one (within the GEMM's tolerance), as Q6_K's and IQ4_XS's float16 functions. The scales
+    from q3_scales_in_halves or q3_scales (SCALES_IN_HALVES: q3_k_half_m16, q3_k_half)."""
     R: tl.constexpr = rows.shape[0]
     ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
     BIAS: tl.constexpr = 132.0 if DT == tl.bfloat16 else 1028.0
@@ -391,14 +406,34 @@ def q3_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     high = (th >> (k + 8 * s1)) & (0x00040004 + Z) | (ONES + Z)
     v = (t >> (2 * k + 8 * s1)) & (0x00030003 + Z) | high
     q = tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2)) - BIAS  # [R, c, i, k, s1, half]
+    if SCALES_IN_HALVES:
+        sc = q3_scales_in_halves(P2, j, rows, mask, N)
+    else:
+        sc = q3_scales(P2, j, rows, mask, N)
     # d loaded alone (a memory latency a step): read in words (field_f16_words) the tile spilled
     # (sm_90, BM = 16: 2549 instructions a step against 970)
-    dl = (field_f16(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)).to(DT)
+    dl = (field_f16(P3, j, rows, mask, N) * sc.to(tl.float32)).to(DT)
     return fragment_order_256(tl.reshape(q * by_thread_and_field(dl), (R, 4, 8, 2, 2, 2)))
 
 
+@triton.jit
+def q3_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """The swapped BM = 32 tile's (q3_k_half_scaled): the scales from scale_bytes' 16-byte
+    row. Read in halves they cost it 20 instructions a step more (sm_90, fp16 x: 870 -> 890)
+    and shared memory past configs.SHARED_ROW_BYTES' estimate."""
+    return q3_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT, False)
+
+
+@triton.jit
+def q3_k_half_m16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """The BM = 16 tile's (q3_k_half_scaled), x the MMA's A operand: the scales read in
+    halves (q3_scales_in_halves), x's tile then read by ldmatrix (sm_90, fp16 x: 970 -> 794
+    instructions a step, 130 register moves fewer)."""
+    return q3_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT, True)
+
+
 @register("Q3_K", 256, ("hmask", "qs", "scales", "d"), dot=q3_k_dot, x_int8=True,
-          dequant_half=q3_k_half, f16_nibble_run=-2, wide_f16="float32")
+          dequant_half=q3_k_half, narrow_f16=q3_k_half_m16, f16_nibble_run=-2, wide_f16="float32")
 @triton.jit
 def q3_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     dl = field_f16_words(P3, j, rows, mask, N) * q3_scales(P2, j, rows, mask, N).to(tl.float32)

@@ -67,6 +67,10 @@ may leave it to the MMA's sum: `scaled_after` = (dequant_half without it, the bl
 as float32 [len(rows)], both taking DT), which the fused GEMM's BM = 16 tile takes (gemm.py's
 BLOCK_SCALE): a block's products summed by the tensor cores, then times each row's scale,
 once a block, where the weights took a multiply a pair.
+
+`narrow_f16` stands in for dequant_half in the BM = 16 tile (the same order, dtypes and
+values) where a function laid out for that tile alone issues less there than the one the
+swapped tiles take (Q3_K: its scales read in 16-bit words, formats_kquants.q3_k_half_m16).
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class Format:
     # (dequant_half without the block's scale, the scale): the BM = 16 tile's, see above
     scaled_after: tuple[object, object] | None = None
     dot_rows: object = None  # the GEMV's dot function at more than one row of x, see above
+    narrow_f16: object = None  # dequant_half's stand-in in the BM = 16 tile, see above
 
     def gemv_dot(self, x_rows: int):
         """The dot function of the GEMV at x_rows rows of x a program."""
@@ -121,7 +126,7 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
              dot_parts: tuple[int, ...] = (1,), x_int8: bool = False, dequant_half=None,
              f16_nibble_run: int = 0, wide_f16: tuple[object, int] | str | None = None,
              half_acts: tuple[str, ...] = ("fp16", "bf16"),
-             scaled_after: tuple[object, object] | None = None, dot_rows=None):
+             scaled_after: tuple[object, object] | None = None, dot_rows=None, narrow_f16=None):
     """Decorator for a @triton.jit dequant function (put it above @triton.jit)."""
     assert len(fields) <= MAX_PLANES
 
@@ -130,7 +135,7 @@ def register(name: str, block_size: int, fields: tuple[str, ...], *, dot,
         wide = (fn, 0) if wide_f16 == "float32" else wide_f16
         FORMATS[name] = Format(name, block_size, fields, fn, dot, table, dot_parts, x_int8,
                                dequant_half, f16_nibble_run, wide, half_acts, scaled_after,
-                               dot_rows)
+                               dot_rows, narrow_f16)
         return fn
 
     return wrap

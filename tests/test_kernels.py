@@ -1103,12 +1103,14 @@ def half_types(act: str) -> set[str]:
     return {n for n in KERNEL_TYPES if kernels.FORMATS[n].half_dequant(act)}
 
 
-@pytest.mark.parametrize("name, wide, dtype", [
-    *[(n, False, torch.float16) for n in sorted(half_types("fp16"))],
-    *[(n, True, dtype) for n in KERNEL_TYPES for dtype in (torch.float16, torch.bfloat16)
+@pytest.mark.parametrize("name, variant, dtype", [
+    *[(n, "half", torch.float16) for n in sorted(half_types("fp16"))],
+    *[(n, "wide", dtype) for n in KERNEL_TYPES for dtype in (torch.float16, torch.bfloat16)
       if kernels.FORMATS[n].wide_f16 and kernels.FORMATS[n].wide_f16[0] is not kernels.FORMATS[n].dequant],
-    *[(n, False, torch.bfloat16) for n in sorted(half_types("bf16"))]])
-def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtype, rng):
+    *[(n, "narrow", dtype) for n in KERNEL_TYPES for dtype in (torch.float16, torch.bfloat16)
+      if kernels.FORMATS[n].narrow_f16],
+    *[(n, "half", torch.bfloat16) for n in sorted(half_types("bf16"))]])
+def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, variant, dtype, rng):
     """The fused GEMM's float16 dequant functions (for float16 x): the float32 weights rounded
     to float16, bit for bit where the weight is a float16 scale times a small integer (Q4_0,
     Q5_0, Q8_0, IQ4_NL, NVFP4, TQ1_0, TQ2_0), or a power of two (MXFP4's E8M0 scales, over the whole byte: far
@@ -1119,7 +1121,8 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
     d * scale and dmin * min, then d * scale * q - dmin * min. A function that keeps its
     nibbles in place returns them in nibble-group order (registry.py): compared in that
     order (fields.tile_columns, held to it by the test above). The same of a type's wide_f16,
-    the function its tiles of BM >= 64 take (IQ4_XS), in both dtypes.
+    the function its tiles of BM >= 64 take (IQ4_XS), and of its narrow_f16, the BM = 16
+    tile's (Q3_K), in both dtypes.
 
     The bfloat16 functions (for bfloat16 x) likewise, in bfloat16: bit for bit where the
     scale is a power of two or exact in bfloat16 (MXFP4, NVFP4), or times -1, 0 or 1 (TQ1_0,
@@ -1141,7 +1144,8 @@ def test_gemm_float16_dequant_is_the_weights_rounded_to_float16(name, wide, dtyp
         n = 256
         qtype, planes = make_planes(name, (n, k), rng)
         planes["e"][..., 0] = torch.arange(256, dtype=torch.uint8)
-    function, run = fmt.wide_f16 if wide else (fmt.dequant_half, fmt.f16_nibble_run)
+    function, run = (fmt.wide_f16 if variant == "wide" else
+                     (fmt.narrow_f16 if variant == "narrow" else fmt.dequant_half, fmt.f16_nibble_run))
     order = torch.tensor(tile_order(qtype.block_size, run))
     exact = dequantize_planes(planes, qtype).reshape(n, -1, qtype.block_size)[:, :, order].reshape(n, k)
     expected = exact.to(dtype)
