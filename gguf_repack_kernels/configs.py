@@ -988,7 +988,7 @@ MOE_RULE: dict[str, tuple] = {
         (1.0, 'gemv'),
         (2.302, 'gemv_x2'),
         (8.003, 'tiles_bm16'),
-        (16.001, 'tiles_bm32'),
+        (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'Q3_K': (

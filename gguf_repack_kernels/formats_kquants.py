@@ -326,14 +326,27 @@ def by_thread_and_field(x):
 
 
 @triton.jit
-def q2_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+def bytes_in_halves(P, j, rows, mask, N, COUNT: tl.constexpr):
+    """A byte field of COUNT bytes per block (COUNT even) as int32 [len(rows), COUNT], each
+    byte from the 16-bit word that holds it (one word load a byte, COUNT / 2 distinct words a
+    row): the narrowest load behind a tile's weights then 16 bits, not a byte, which sizes
+    both MMA operands' fragments (gemm.py's kWidth note)."""
+    b = tl.arange(0, COUNT)[None, :]
+    words = P.to(tl.pointer_type(tl.uint16)) + (j * N + rows).to(tl.int64)[:, None] * (COUNT // 2)
+    return (tl.load(words + b // 2, mask=mask[:, None], other=0).to(tl.int32) >> (8 * (b % 2))) & 255
+
+
+@triton.jit
+def q2_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr, SCALES_IN_HALVES: tl.constexpr):
     """Q2_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in the 2-bit fragment order
     (fields.tile_columns, RUN = -2): an MMA fragment's thread c unpacks qs bytes 16c..16c+15,
     a word at a time (bytes l = 16 (c % 2)... of half n = c // 2; field k of byte l is
     weight 128n + 32k + l, of sub-block 8n + 2k + c % 2), so it needs 4 of the 16 scales and
     mins. Two fields a shift and a LOP3 under float16's exponent, as fields.nibbles_f16_
     fragments unpacks nibbles; d * scale and dmin * min rounded to float16 once a sub-block,
-    then one HFMA a pair, as q4_k_f16 (and as there, d and dmin loaded alone)."""
+    then one HFMA a pair, as q4_k_f16 (and as there, d and dmin loaded alone). The scale
+    bytes in halves (bytes_in_halves) or as two runs of bytes (SCALES_IN_HALVES: q2_k_half,
+    q2_k_half_m16)."""
     R: tl.constexpr = rows.shape[0]
     BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
     q = qs_fields_half(P1, j, rows, mask, N, DT) - BASE  # [R, c, i, k, s1, half]
@@ -343,8 +356,11 @@ def q2_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     # (TRITON_LLVM_DEBUG_ONLY=tritongpu-remove-layout-conversions names it; without scales
     # this unpacking is 301 instructions a step in registers). The scale bytes joined from
     # two loads: 718 -> 655; d and dmin in words: 767 (BENCHMARKS.md "Q2_K in float16").
-    sc = concat(field_run(P0, j, rows, mask, N, 16, 0, 8, tl.uint8),
-                field_run(P0, j, rows, mask, N, 16, 8, 8, tl.uint8))  # sub-block 8n + 2k + c % 2
+    if SCALES_IN_HALVES:
+        sc = bytes_in_halves(P0, j, rows, mask, N, 16)  # sub-block 8n + 2k + c % 2
+    else:
+        sc = concat(field_run(P0, j, rows, mask, N, 16, 0, 8, tl.uint8),
+                    field_run(P0, j, rows, mask, N, 16, 8, 8, tl.uint8))
     dl = (field_f16(P2, j, rows, mask, N) * (sc & 15).to(tl.float32)).to(DT)
     ml = (field_f16(P3, j, rows, mask, N) * (sc >> 4).to(tl.float32)).to(DT)
     # [R, c, i, k, s1, half] -> column 16 (4i + k) + 8 s1 + 2c + half: fragment_order_256's
@@ -353,8 +369,22 @@ def q2_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     return fragment_order_256(tl.reshape(q, (R, 4, 8, 2, 2, 2)))
 
 
+@triton.jit
+def q2_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """The swapped BM = 32 tile's (q2_k_half_scaled): the scale bytes read in halves, 728 ->
+    621 instructions a step (sm_90, fp16 x, Triton 3.9; 3.6: 820 -> 819)."""
+    return q2_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT, True)
+
+
+@triton.jit
+def q2_k_half_m16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """The BM = 16 tile's (q2_k_half_scaled), its weight tile behind gemm.kwidth_fence: the
+    scale bytes as two runs (in halves 521 -> 543 instructions a step, sm_90, fp16 x)."""
+    return q2_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT, False)
+
+
 @register("Q2_K", 256, ("scales", "qs", "d", "dmin"), dot=q2_k_dot, dot_parts=(1, 2),
-          x_int8=True, dequant_half=q2_k_half, f16_nibble_run=-2,
+          x_int8=True, dequant_half=q2_k_half, narrow_f16=q2_k_half_m16, f16_nibble_run=-2,
           wide_f16="float32")
 @triton.jit
 def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
