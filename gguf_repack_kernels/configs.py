@@ -238,6 +238,7 @@ MATMUL_RULE: dict[str, tuple] = {
     ),
     'MXFP4': (
         (2, 'gemv'),
+        (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
@@ -485,8 +486,10 @@ def half_dequant_allowed(type_name: str) -> bool:
 # dequant_half before. Q3_K's scales read in 16-bit words (formats_kquants.q3_k_half_m16),
 # sm_90 SASS, fp16 x, loop instructions a step: Triton 3.9 970 -> 794 (x's tile read by
 # ldmatrix), Triton 3.6 922 -> 1081; 3.7 and 3.8 not measured (BENCHMARKS.md "Q3_K's scales
-# in halves"). dispatch.gemm_dequant reads it.
-NARROW_F16_FROM_TRITON = {"Q3_K": (3, 9)}
+# in halves"). MXFP4's E8M0 bytes read in 16-bit words (formats_other.mxfp4_half_m16):
+# Triton 3.9 fp16 / bf16 x 737 / 714 -> 687 / 638, Triton 3.6 776 / 769 -> 751 / 793.
+# dispatch.gemm_dequant reads it.
+NARROW_F16_FROM_TRITON = {"Q3_K": (3, 9), "MXFP4": (3, 9)}
 
 
 def narrow_half_allowed(type_name: str) -> bool:
@@ -982,7 +985,13 @@ MOE_RULE: dict[str, tuple] = {
         (16.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
-    'MXFP4': ((1.24, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
+    'MXFP4': (
+        (1.24, 'gemv'),
+        (1.568, 'gemv_x2'),
+        (8.003, 'tiles_bm16'),
+        (16.001, 'tiles_bm32'),
+        (None, 'tiles_bm64'),
+    ),
     'NVFP4': ((1.099, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q2_K': (
         (1.0, 'gemv'),

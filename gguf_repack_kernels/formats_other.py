@@ -465,14 +465,26 @@ def mxfp4_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: 
 
 
 @triton.jit
-def mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+def e8m0_row_byte(P, j, rows, mask, N, IN_HALVES: tl.constexpr):
+    """MXFP4's one E8M0 byte a row of block column j, int32 [R]: loaded as [R] and broadcast
+    by the caller (as field_h does: row_u8's layout, or field_bytes' [R, 1], sent the GEMM's
+    tile through shared memory, 16-19 more instructions), or IN_HALVES from the 16-bit word
+    that holds it (the narrowest load behind the weights 16 bits: gemm.py's kWidth note)."""
+    at = (j * N + rows).to(tl.int64)
+    if IN_HALVES:
+        word = tl.load(P.to(tl.pointer_type(tl.uint16)) + (at >> 1), mask=mask, other=0).to(tl.int32)
+        return (word >> (8 * (at & 1)).to(tl.int32)) & 255
+    else:
+        return tl.load(P.to(tl.pointer_type(tl.uint8)) + at, mask=mask, other=0).to(tl.int32)
+
+
+@triton.jit
+def mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, IN_HALVES: tl.constexpr):
     """The float32 weights rounded to float16, bit for bit, computed in float16: the doubled
     E2M1 values times the two float16 powers of two of the row's E8M0 byte (rounding once),
     looked up from TABLE (e8m0_f16_scale_pairs, after the 16 E2M1 values)."""
-    # one byte a row, loaded as [R] and broadcast (as field_h does): row_u8's layout, or
-    # field_bytes' [R, 1], sent the GEMM's tile through shared memory (16-19 more instructions)
-    e = tl.load(P0.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64), mask=mask, other=0)
-    pair = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + 16 + e.to(tl.int32))[:, None]
+    e = e8m0_row_byte(P0, j, rows, mask, N, IN_HALVES)
+    pair = tl.load(TABLE.to(tl.pointer_type(tl.int32)) + 16 + e)[:, None]
     scale_a = pair.to(tl.int16).to(tl.float16, bitcast=True)
     scale_b = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True)
     q = e2m1_f16(field_run(P1, j, rows, mask, N, 4, 0, 4, tl.int32), 4, opaque_zero(N))
@@ -480,13 +492,12 @@ def mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 
 @triton.jit
-def mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
+def mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, IN_HALVES: tl.constexpr):
     """The float32 weights rounded to bfloat16, bit for bit, computed in bfloat16: the doubled
     E2M1 values times 2**(e - 128), which bfloat16 holds for every E8M0 byte (2**-128 and
     2**-127 subnormal; e = 255 the finite 2**127, as gguf-py decodes), so one product rounds
     once. Its bits from e's, as e8m0_half's."""
-    e = tl.load(P0.to(tl.pointer_type(tl.uint8)) + (j * N + rows).to(tl.int64), mask=mask, other=0)
-    e = e.to(tl.int32)
+    e = e8m0_row_byte(P0, j, rows, mask, N, IN_HALVES)
     bits = tl.where(e < 2, 0x20 << e, (e - 1) << 7)
     scale = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)[:, None]
     q = e2m1_f16(field_run(P1, j, rows, mask, N, 4, 0, 4, tl.int32), 4, opaque_zero(N), tl.bfloat16)
@@ -496,12 +507,22 @@ def mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 @triton.jit
 def mxfp4_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     if DT == tl.bfloat16:
-        return mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+        return mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, False)
     else:
-        return mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N)
+        return mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, False)
 
 
-@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, x_int8=True, dequant_half=mxfp4_half)
+@triton.jit
+def mxfp4_half_m16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
+    """The BM = 16 tile's (registry.py's narrow_f16): E8M0 bytes read in 16-bit words."""
+    if DT == tl.bfloat16:
+        return mxfp4_bf16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, True)
+    else:
+        return mxfp4_f16(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, True)
+
+
+@register("MXFP4", 32, ("e", "qs"), table=e2m1_table, dot=mxfp4_dot, x_int8=True, dequant_half=mxfp4_half,
+          narrow_f16=mxfp4_half_m16)
 @triton.jit
 def mxfp4(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
     scale = e8m0_half(field_bytes(P0, j, rows, mask, N, 1))  # [R, 1]

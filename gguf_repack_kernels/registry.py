@@ -70,7 +70,11 @@ once a block, where the weights took a multiply a pair.
 
 `narrow_f16` stands in for dequant_half in the BM = 16 tile (the same order, dtypes and
 values) where a function laid out for that tile alone issues less there than the one the
-swapped tiles take (Q3_K: its scales read in 16-bit words, formats_kquants.q3_k_half_m16).
+swapped tiles take: Q3_K's and MXFP4's scale bytes read in 16-bit words there
+(formats_kquants.q3_k_half_m16, formats_other.mxfp4_half_m16; configs.NARROW_F16_FROM_TRITON
+names the Triton from which), Q2_K's as runs of bytes there and in words in the swapped
+tiles (q2_k_half_m16). x's tile is the BM = 16 tile's MMA operand from shared memory, read by
+ldmatrix only where the narrowest load behind the weights is 16 bits or more (gemm.py).
 """
 
 from __future__ import annotations
