@@ -103,6 +103,21 @@ def field_f16_words(P, j, rows, mask, N):
 
 
 @triton.jit
+def byte_in_word16(P, words, b, mask):
+    """Byte b (an int tensor) of the run of bytes that starts at 16-bit word `words` (int64)
+    of P, as int32: read as the 16-bit word that holds it, the byte in the result's low 8
+    bits (above them the word's other byte or none: the caller masks). A tile's narrowest load
+    behind its weights sizes both MMA operands' register fragments (kWidth, gemm.py's fence
+    note): a byte load there gave the BM = 16 tile's x, the A operand from shared memory,
+    scalar loads and 4 register moves an MMA instead of ldmatrix; 16-bit loads do not (Q3_K,
+    MXFP4). Loads under 4 bytes are left to the K loop by the pipeliner: a wait a step, as
+    for a 16-bit scale. (With b a column's constant, its word and shift are too: an offset
+    in bytes split at run time cost Q3_K's tile 13 instructions a step.)"""
+    word = tl.load(P.to(tl.pointer_type(tl.uint16)) + words + b // 2, mask=mask, other=0).to(tl.int32)
+    return word >> 8 * (b % 2)
+
+
+@triton.jit
 def field_word(P, j, rows, mask, N, COUNT: tl.constexpr, WORD: tl.constexpr):
     """Word WORD of a field of `COUNT` int32 words per block, as int32 [len(rows)]: for bit
     fields that are unpacked by shifting the whole word."""

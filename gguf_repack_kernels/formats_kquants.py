@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from .fields import (
+    byte_in_word16,
     bytes_f16,
     concat,
     dot4,
@@ -326,17 +327,6 @@ def by_thread_and_field(x):
 
 
 @triton.jit
-def bytes_in_halves(P, j, rows, mask, N, COUNT: tl.constexpr):
-    """A byte field of COUNT bytes per block (COUNT even) as int32 [len(rows), COUNT], each
-    byte from the 16-bit word that holds it (one word load a byte, COUNT / 2 distinct words a
-    row): the narrowest load behind a tile's weights then 16 bits, not a byte, which sizes
-    both MMA operands' fragments (gemm.py's kWidth note)."""
-    b = tl.arange(0, COUNT)[None, :]
-    words = P.to(tl.pointer_type(tl.uint16)) + (j * N + rows).to(tl.int64)[:, None] * (COUNT // 2)
-    return (tl.load(words + b // 2, mask=mask[:, None], other=0).to(tl.int32) >> (8 * (b % 2))) & 255
-
-
-@triton.jit
 def q2_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr, SCALES_IN_HALVES: tl.constexpr):
     """Q2_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in the 2-bit fragment order
     (fields.tile_columns, RUN = -2): an MMA fragment's thread c unpacks qs bytes 16c..16c+15,
@@ -345,7 +335,7 @@ def q2_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr, SCALES_
     mins. Two fields a shift and a LOP3 under float16's exponent, as fields.nibbles_f16_
     fragments unpacks nibbles; d * scale and dmin * min rounded to float16 once a sub-block,
     then one HFMA a pair, as q4_k_f16 (and as there, d and dmin loaded alone). The scale
-    bytes in halves (bytes_in_halves) or as two runs of bytes (SCALES_IN_HALVES: q2_k_half,
+    bytes in 16-bit words (fields.byte_in_word16) or as two runs of bytes (SCALES_IN_HALVES: q2_k_half,
     q2_k_half_m16)."""
     R: tl.constexpr = rows.shape[0]
     BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
@@ -356,8 +346,9 @@ def q2_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr, SCALES_
     # (TRITON_LLVM_DEBUG_ONLY=tritongpu-remove-layout-conversions names it; without scales
     # this unpacking is 301 instructions a step in registers). The scale bytes joined from
     # two loads: 718 -> 655; d and dmin in words: 767 (BENCHMARKS.md "Q2_K in float16").
-    if SCALES_IN_HALVES:
-        sc = bytes_in_halves(P0, j, rows, mask, N, 16)  # sub-block 8n + 2k + c % 2
+    if SCALES_IN_HALVES:  # sub-block 8n + 2k + c % 2
+        words = (j * N + rows).to(tl.int64)[:, None] * 8
+        sc = byte_in_word16(P0, words, tl.arange(0, 16)[None, :], mask[:, None]) & 255
     else:
         sc = concat(field_run(P0, j, rows, mask, N, 16, 0, 8, tl.uint8),
                     field_run(P0, j, rows, mask, N, 16, 8, 8, tl.uint8))
@@ -397,16 +388,13 @@ def q2_k(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N):
 
 @triton.jit
 def q3_scales_in_halves(P, j, rows, mask, N):
-    """q3_scales read as the 16-bit words that hold each scale's two bytes (one word load for
-    each of the 16, 6 distinct words a row): the narrowest load behind the BM = 16 tile's
-    weights is then 16 bits, not a byte, so that x's tile, its MMA's A operand, is read by
-    ldmatrix (gemm.py's kWidth note) where it took scalar loads and 4 register moves an MMA."""
+    """q3_scales, each scale's two bytes read as the 16-bit words that hold them
+    (fields.byte_in_word16; 6 distinct words a row), the bits by a shift for its column."""
     s = tl.arange(0, 16)[None, :]
-    words = P.to(tl.pointer_type(tl.uint16)) + (j * N + rows).to(tl.int64)[:, None] * 6
-    low = tl.load(words + (s % 8) // 2, mask=mask[:, None], other=0).to(tl.int32)
-    top = tl.load(words + 4 + (s % 4) // 2, mask=mask[:, None], other=0).to(tl.int32)
-    sc = ((low >> (8 * (s % 2) + 4 * (s // 8))) & 15) | (((top >> (8 * (s % 2) + 2 * (s // 4))) & 3) << 4)
-    return sc - 32
+    words = (j * N + rows).to(tl.int64)[:, None] * 6
+    low = byte_in_word16(P, words, s % 8, mask[:, None]) >> 4 * (s // 8)
+    top = byte_in_word16(P, words, 8 + s % 4, mask[:, None]) >> 2 * (s // 4)
+    return ((low & 15) | ((top & 3) << 4)) - 32
 
 
 @triton.jit

@@ -15,6 +15,7 @@ from .fields import (
     bf16_pair,
     bf16_pair_words,
     bits_at,
+    byte_in_word16,
     concat,
     dot4,
     dot4_2bit,
@@ -469,11 +470,10 @@ def e8m0_row_byte(P, j, rows, mask, N, IN_HALVES: tl.constexpr):
     """MXFP4's one E8M0 byte a row of block column j, int32 [R]: loaded as [R] and broadcast
     by the caller (as field_h does: row_u8's layout, or field_bytes' [R, 1], sent the GEMM's
     tile through shared memory, 16-19 more instructions), or IN_HALVES from the 16-bit word
-    that holds it (the narrowest load behind the weights 16 bits: gemm.py's kWidth note)."""
+    that holds it (fields.byte_in_word16)."""
     at = (j * N + rows).to(tl.int64)
     if IN_HALVES:
-        word = tl.load(P.to(tl.pointer_type(tl.uint16)) + (at >> 1), mask=mask, other=0).to(tl.int32)
-        return (word >> (8 * (at & 1)).to(tl.int32)) & 255
+        return byte_in_word16(P, at >> 1, (at & 1).to(tl.int32), mask) & 255
     else:
         return tl.load(P.to(tl.pointer_type(tl.uint8)) + at, mask=mask, other=0).to(tl.int32)
 
