@@ -1019,8 +1019,7 @@ MOE_RULE: dict[str, tuple] = {
     'TQ1_0': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'TQ2_0': (
         (1.0, 'gemv'),
-        (2.291, 'gemv_x2'),
-        (2.302, 'gemv_x4'),
+        (1.568, 'gemv_x2'),
         (16.001, 'tiles_bm16'),
         (32.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),

@@ -304,18 +304,47 @@ def qs_fragment_words(P, j, rows, mask, N):
 
 
 @triton.jit
-def qs_fields_half(P, j, rows, mask, N, DT: tl.constexpr):
-    """Q2_K's 64 qs bytes (TQ2_0's alike) in the 2-bit fragment order (q2_k_half), as DT
-    [R, c, i, k, s1, half]: 1024 + each 2-bit field in float16, 128 + each in bfloat16
-    (exactly), two fields a shift and a LOP3 under the exponent, as fields.nibbles_f16_
-    fragments unpacks nibbles."""
-    R: tl.constexpr = rows.shape[0]
-    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
+def fields_in_place(t, th, Z, DT: tl.constexpr, LESS: tl.constexpr, HIGH: tl.constexpr):
+    """The 2-bit fields of qs_fragment_words' t, less LESS, exactly, as DT [R, c, i, k, s1,
+    half]; with HIGH, each with a third bit above it from th (Q3_K: field k's at bit k + 2 of
+    its byte), less 4 more. Field k is left at its place (bits 2k, 2k + 1 of each byte of a
+    half) under an exponent that makes bit 2k worth 1: one LOP3 a pair of weights gives
+    2^(MANT - 2k) + field, and a word's second bytes (s1 = 1) take one shift by 8 (moving
+    each field to bits 0-1 first cost a shift a pair). bfloat16's 7 mantissa bits hold
+    fields 0-2 in place (with HIGH, the third bit too); field 3 moves to field 2's bits.
+    sm_90 SASS, loop instructions a step, fp16 / bf16 x (Triton 3.9): Q2_K BM = 16 521 / 588
+    -> 474 / 573, swapped BM = 32 621 / 641 -> 576 / 628; Q3_K 793 / 799 -> 747 / 799, 870 /
+    870 -> 782 / 790; TQ2_0 328 / 328 -> 280 / 296, 475 / 478 -> 427 / 446. The masks are
+    plain constants: made from Z, as `ones` is, Q3_K's swapped tile spilled."""
+    R: tl.constexpr = t.shape[0]
+    MANT: tl.constexpr = 7 if DT == tl.bfloat16 else 10
+    EXP_BIAS: tl.constexpr = 127 if DT == tl.bfloat16 else 15
+    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1)
+    k = s // 2
+    s1 = s % 2
+    down = 2 * (k // 3) if DT == tl.bfloat16 else 0 * k
+    pos = 2 * k - down  # the field's lowest bit after the shift
+    ones = ((EXP_BIAS + MANT - pos) << MANT) * 0x10001
+    v = (t >> (8 * s1 + down)) & (0x00030003 << pos) | (ones + Z)
+    if HIGH:
+        up = k - down - 8 * s1  # bit k + 2 (+ 8 s1) to bit pos + 2
+        v |= ((th << tl.maximum(up, 0)) >> tl.maximum(-up, 0)) & (0x00040004 << pos)
+        less = (LESS + 4) << pos
+    else:
+        less = LESS << pos
+    # 2^(MANT - 2k) + LESS (+ 4), its bits beside v's (a constant tensor reshaped instead
+    # broke TQ2_0's tiles' layouts: the weight tile through shared memory, spilling)
+    base = f16_halves((ones | less * 0x10001) + Z, DT)
+    return tl.reshape(f16_halves(v, DT) - base, (R, 4, 4, 4, 2, 2))
+
+
+@triton.jit
+def qs_fields_half(P, j, rows, mask, N, DT: tl.constexpr, LESS: tl.constexpr):
+    """Q2_K's 64 qs bytes (TQ2_0's alike) in the 2-bit fragment order (q2_k_half), less LESS,
+    exactly, as DT [R, c, i, k, s1, half] (fields_in_place)."""
     t = qs_fragment_words(P, j, rows, mask, N)
     Z = row_zero(rows)[:, None, None, None]
-    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1): shift 2k + 8 s1
-    v = (t >> (2 * (s // 2) + 8 * (s % 2))) & (0x00030003 + Z) | (ONES + Z)
-    return tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2))
+    return fields_in_place(t, t, Z, DT, LESS, False)
 
 
 @triton.jit
@@ -338,8 +367,7 @@ def q2_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr, SCALES_
     bytes in 16-bit words (fields.byte_in_word16) or as two runs of bytes (SCALES_IN_HALVES: q2_k_half,
     q2_k_half_m16)."""
     R: tl.constexpr = rows.shape[0]
-    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
-    q = qs_fields_half(P1, j, rows, mask, N, DT) - BASE  # [R, c, i, k, s1, half]
+    q = qs_fields_half(P1, j, rows, mask, N, DT, 0)  # [R, c, i, k, s1, half]
     # The weight tile still reaches the MMA through shared memory (sm_90, BM = 16: 16 STS.128
     # a step): with scales that vary by sub-block, Triton's hoisting of the MMA operand's
     # layout back to the loads stops at a value that is not a load or a constant
@@ -402,28 +430,20 @@ def q3_k_half_scaled(P0, P1, P2, P3, j, rows, mask, N, DT: tl.constexpr, SCALES_
     """Q3_K for the fused GEMM's tiles of BM <= 32 with float16 (or bfloat16) x, in Q2_K's
     fragment order (q2_k_f16: the same low 2 bits in qs), each field's high bit from hmask
     (bit 4n + k of byte l for weight 128n + 32k + l; thread c reads hmask bytes 16 (c % 2)...)
-    put at bit 2, then 1028 off exactly (bfloat16: 132). d times the sub-block's scale is
+    put just above its 2-bit field (fields_in_place), less 4 exactly. d times the sub-block's scale is
     rounded to float16, then times the value: two roundings where the float32 function has
     one (within the GEMM's tolerance), as Q6_K's and IQ4_XS's float16 functions. The scales
     from q3_scales_in_halves or q3_scales (SCALES_IN_HALVES: q3_k_half_m16, q3_k_half)."""
     R: tl.constexpr = rows.shape[0]
-    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
-    BIAS: tl.constexpr = 132.0 if DT == tl.bfloat16 else 1028.0
     t = qs_fragment_words(P1, j, rows, mask, N)
     c = tl.arange(0, 4)[None, :, None]
     word = 4 * (c % 2) + tl.arange(0, 4)[None, None, :]  # thread c's hmask words
     hm = tl.load(P0.to(tl.pointer_type(tl.int32)) + (j * N + rows).to(tl.int64)[:, None, None] * 8 + word,
                  mask=mask[:, None, None], other=0)
-    Z = row_zero(rows)[:, None, None, None]
     # the bits of half n = c // 2 moved down to bits 0-3 (+ 8 s1), then up by 2: field k's
     # high bit is then bit k + 8 s1 + 2 of a byte pair's half
     th = (shr(swap_middle_bytes(hm), 4 * (c // 2)) << 2)[:, :, :, None]
-    s = tl.arange(0, 8)[None, None, None, :]  # (field k, pair s1)
-    k = s // 2
-    s1 = s % 2
-    high = (th >> (k + 8 * s1)) & (0x00040004 + Z) | (ONES + Z)
-    v = (t >> (2 * k + 8 * s1)) & (0x00030003 + Z) | high
-    q = tl.reshape(f16_halves(v, DT), (R, 4, 4, 4, 2, 2)) - BIAS  # [R, c, i, k, s1, half]
+    q = fields_in_place(t, th, row_zero(rows)[:, None, None, None], DT, 0, True)  # [R, c, i, k, s1, half]
     if SCALES_IN_HALVES:
         sc = q3_scales_in_halves(P2, j, rows, mask, N)
     else:

@@ -298,8 +298,7 @@ def tq2_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
 @triton.jit
 def tq2_0_codes_less_one(P0, j, rows, mask, N, DT: tl.constexpr):
     """TQ2_0's codes less 1, exactly, DT [R, c, i, k, s1, half] (qs_fields_half's order)."""
-    BASE: tl.constexpr = 129.0 if DT == tl.bfloat16 else 1025.0
-    return qs_fields_half(P0, j, rows, mask, N, DT) - BASE
+    return qs_fields_half(P0, j, rows, mask, N, DT, 1)
 
 
 @triton.jit

@@ -299,12 +299,15 @@ def test_decode_gemv_of_int8_x_types_multiplies_by_dp4a(ptx_rows):
 # a time by an HFMA's rounding (tq1_0_half, BENCHMARKS.md "TQ1_0 in float16"): 0.13 -> 0.39;
 # Q3_K's scales read in 16-bit words in this tile alone, x's tile then read by ldmatrix
 # (q3_k_half_m16, BENCHMARKS.md "Q3_K's scales in halves"): 0.40 -> 0.48; MXFP4's E8M0
-# bytes the same way (mxfp4_half_m16, "MXFP4's scale bytes in halves"): 0.66 -> 0.69
+# bytes the same way (mxfp4_half_m16, "MXFP4's scale bytes in halves"): 0.66 -> 0.69; the
+# 2-bit fields unpacked in place, under an exponent for each (formats_kquants.fields_in_place,
+# BENCHMARKS.md "2-bit fields in place"): Q2_K 0.56 -> 0.62, Q3_K 0.48 -> 0.51, TQ2_0 0.70
+# -> 0.82
 GEMM_M16_FLOORS = {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q8_0": 0.95,
-                   "Q4_K": 0.85, "Q5_K": 0.95, "Q6_K": 0.95, "IQ4_NL": 0.75, "IQ4_XS": 0.7, "Q2_K": 0.54,
-                   "Q3_K": 0.47,
+                   "Q4_K": 0.85, "Q5_K": 0.95, "Q6_K": 0.95, "IQ4_NL": 0.75, "IQ4_XS": 0.7, "Q2_K": 0.6,
+                   "Q3_K": 0.5,
                    "MXFP4": 0.68, "NVFP4": 0.7, "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35,
-                   "IQ3_XXS": 0.4, "IQ3_S": 0.41, "IQ1_S": 0.21, "TQ2_0": 0.55, "IQ1_M": 0.24, "TQ1_0": 0.37}
+                   "IQ3_XXS": 0.4, "IQ3_S": 0.41, "IQ1_S": 0.21, "TQ2_0": 0.8, "IQ1_M": 0.24, "TQ1_0": 0.37}
 # and the BM = 64 tile (the default `gemm` family at sm_90), the swapped one on a wgmma: the
 # FP4 weights from their bits reach it in registers (looked up in nibble-group order they went
 # through shared memory, 128 stores a step): MXFP4 0.46 -> 0.59, NVFP4 0.57 -> 0.71 (each
@@ -337,9 +340,9 @@ def test_batched_decode_tile_reaches_its_bandwidth_floor(ptx_rows):
 # float16's speed")
 BF16_TILE_FLOORS = {
     "gemm_m16": {"Q4_0": 0.95, "Q4_1": 0.95, "Q5_0": 0.95, "Q5_1": 0.95, "Q4_K": 0.85, "Q5_K": 0.95,
-                 "Q6_K": 0.95, "Q2_K": 0.48, "Q3_K": 0.47, "MXFP4": 0.73, "NVFP4": 0.68,
+                 "Q6_K": 0.95, "Q2_K": 0.5, "Q3_K": 0.47, "MXFP4": 0.73, "NVFP4": 0.68,
                  "IQ2_XXS": 0.3, "IQ2_XS": 0.3, "IQ2_S": 0.35, "IQ3_XXS": 0.4, "IQ3_S": 0.41,
-                 "IQ4_NL": 0.7, "IQ4_XS": 0.65, "IQ1_S": 0.21, "TQ2_0": 0.55, "IQ1_M": 0.24, "TQ1_0": 0.37},
+                 "IQ4_NL": 0.7, "IQ4_XS": 0.65, "IQ1_S": 0.21, "TQ2_0": 0.75, "IQ1_M": 0.24, "TQ1_0": 0.37},
     # (the 64-row tiles of Q2_K, Q3_K, IQ1_S, IQ1_M, TQ1_0, TQ2_0 and the grid types take the float32
     # function, IQ4_XS's its nibble groups: wide_f16; IQ4's kvalues looked up as bfloat16 bits,
     # fields.lookup16_bf16: IQ4_NL 0.60 / 0.52 -> 0.73 / 0.65, IQ4_XS 0.55 / 0.31 -> 0.68 / 0.47;
