@@ -151,7 +151,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                                   bm=GEMM_BM[family])
         return gemm_kernel, common, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            **gemm_dequant(fmt, act, cfg["BM"]), "SPLIT_K": cfg["SPLIT_K"],
+            **gemm_dequant(fmt, act, cfg["BM"], cfg["num_warps"]), "SPLIT_K": cfg["SPLIT_K"],
             "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act), "STEP_BLOCKS": cfg["STEP_BLOCKS"]}, \
             cfg, cfg["BN"] * cfg["STEP_BLOCKS"]
     if family in ("moe_m16", "moe_m32", "moe_m64"):
@@ -162,7 +162,7 @@ def _spec(family: str, fmt, act: str, dev: configs.Device, m: int | None = None)
                "N": "i32", "B": "i32", "stride_xm": "i32", "stride_om": "i32"}
         return moe_gemm_kernel, sig, {
             "BLOCK": block_size, "BM": cfg["BM"], "BN": cfg["BN"], "IEEE": act == "fp32",
-            **gemm_dequant(fmt, act, cfg["BM"]),
+            **gemm_dequant(fmt, act, cfg["BM"], cfg["num_warps"]),
             "SWAP": configs.swap_ab(fmt.name, cfg["BM"], act), "STEP_BLOCKS": cfg["STEP_BLOCKS"],
             "SPLIT_K": cfg["SPLIT_K"]}, cfg, cfg["BN"] * cfg["STEP_BLOCKS"]
     raise ValueError(family)

@@ -261,6 +261,7 @@ MATMUL_RULE: dict[str, tuple] = {
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
+        (192, 'gemm_bm64'),
         (None, 'dequantize+matmul'),
     ),
     'Q3_K': (
@@ -340,20 +341,14 @@ MATMUL_RULE: dict[str, tuple] = {
         (384, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
-    'TQ1_0': (
-        (1, 'gemv'),
-        (16, 'gemm_bm16'),
-        (96, 'gemm_bm32'),
-        (128, 'gemm_bm128'),
-        (None, 'dequantize+matmul'),
-    ),
+    'TQ1_0': ((1, 'gemv'), (16, 'gemm_bm16'), (192, 'gemm_bm64'), (None, 'dequantize+matmul')),
     'TQ2_0': (
         (4, 'gemv'),
         (16, 'gemm_bm16'),
         (32, 'gemm_bm32'),
         (64, 'gemm_bm64'),
         (128, 'gemm_bm128'),
-        (192, 'dequantize+matmul'),
+        (192, 'gemm_bm64'),
         (256, 'gemm_bm128'),
         (None, 'dequantize+matmul'),
     ),
@@ -453,6 +448,17 @@ SWAP_AB_TYPES = frozenset(["IQ1_M", "IQ1_S", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ3_
 # both (IQ4_XS: 34 / 55 bytes); it takes BM = 64 there.
 BM128_SPILLS = frozenset(["IQ4_XS"])
 BM128_NARROW = frozenset(["Q6_K"])
+# The swapped BM = 64 tile over two warpgroups alike (BN = 128, 8 warps: half the accumulator
+# a thread of BN = 64 over 4), for types whose half-precision function needs more registers
+# than the 4-warp tile leaves: there they took the float32 one (registry.py, wide_f16); this
+# tile takes their BM < 64 one (dispatch.gemm_dequant). sm_90 SASS, fp16 x, warp-instructions
+# a weight byte (the bound its issue allows), Triton 3.9: Q2_K 0.72 -> 0.43 (0.30 -> 0.51),
+# TQ2_0 0.72 -> 0.41 (0.30 -> 0.53), TQ1_0 1.72 -> 0.67 (0.13 -> 0.33); Triton 3.6 0.30 ->
+# 0.38, 0.24 -> 0.52, 0.12 -> 0.33; no spills with either, bfloat16 x alike. Not Q3_K (its
+# tile spills 22 bytes with q3_k_half, 2-27 with bfloat16 x and q3_k_half_m16), nor the grid
+# types and IQ1 (72-449 bytes), nor BM = 128 (BM = 128 x BN = 128: Q2_K, TQ2_0 82-94 bytes).
+# BENCHMARKS.md "The BM = 64 tile over two warpgroups".
+BM64_TWO_WARPGROUPS = frozenset(["Q2_K", "TQ1_0", "TQ2_0"])
 # Swapped at BM = 32 only (with their half-precision functions, float16 or bfloat16 x): the
 # grid types' swapped 64-row tiles spill (sm_90, fp16 x: IQ2_XXS 72 bytes with its float16
 # function, 31 with the float32 one), and so did their swapped 32-row ones with the float32
@@ -506,13 +512,14 @@ def narrow_half_allowed(type_name: str) -> bool:
 # types' tiles issue up to twice as much fenced (Q4_0: 488 -> 982; TQ2_0's, fenced while it
 # had the float32 function alone, 818 -> 729, with its float16 one 389 -> 947, spilling).
 # BM = 32 and 64, every type measured fenced (BENCHMARKS.md "The kWidth fence past 16 rows"):
-# one tile gains, Q2_K's swapped BM = 64 one (the weight tile the A operand: 1108 -> 956,
-# 0.26 -> 0.31 with Triton 3.9; the same unfenced on 3.6-3.8: 975, 901, 918); every other
-# issues the same or up to 3.7x more, 22 of them spilling. (IQ1_M's plain BM = 32 tile gained
-# too with its float32 function, 1073 -> 965 from Triton 3.8 on; with its half-precision one
-# it is swapped, unfenced: SWAP_AB_BM32_ONLY.)
-KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"]),
-                64: frozenset(["Q2_K"])}
+# one tile gained, Q2_K's swapped BM = 64 one with its float32 function (the weight tile the
+# A operand: 1108 -> 956, 0.26 -> 0.31 with Triton 3.9; the same unfenced on 3.6-3.8: 975,
+# 901, 918), fenced until that tile ran over two warpgroups with its float16 function
+# (BM64_TWO_WARPGROUPS: fenced 576, unfenced 580; Triton 3.6 824 / 769); every other issues
+# the same or up to 3.7x more, 22 of them spilling. (IQ1_M's plain BM = 32 tile gained too
+# with its float32 function, 1073 -> 965 from Triton 3.8 on; with its half-precision one it
+# is swapped, unfenced: SWAP_AB_BM32_ONLY.)
+KWIDTH_FENCE = {16: frozenset(["Q2_K", "Q5_K", "Q6_K", "Q8_0"])}
 
 
 # The swapped tiles (swap_ab: the dequantized weights the wgmmas' A operand, in registers)
@@ -546,6 +553,18 @@ def mma_pipelined(type_name: str, bm: int, dtype) -> bool:
                                                   and on_this_triton(unpromised, type_name))
 
 
+def two_warpgroups(type_name: str, bm: int, dtype) -> bool:
+    """Whether the swapped BM = 64 tile for x of `dtype` runs over two warpgroups, with its
+    BM < 64 dequant function (BM64_TWO_WARPGROUPS)."""
+    return bm == 64 and type_name in BM64_TWO_WARPGROUPS and swap_ab(type_name, bm, dtype)
+
+
+def tile_warps(type_name: str, bm: int, bn: int, dtype) -> int:
+    """The fused and the expert GEMM's warps for a BM x BN tile: 8 for the swapped tiles over
+    two warpgroups (BM = 128 with BN = 128, and two_warpgroups), else 4."""
+    return 8 if (bm == 128 and bn == 128) or (two_warpgroups(type_name, bm, dtype) and bn == 128) else 4
+
+
 def kwidth_fence(type_name: str, bm: int, dtype) -> bool:
     """Whether the BM-row tile for x of `dtype` fences its weight tile (gemm.tile_product)."""
     return act_name(dtype) != "fp32" and type_name in KWIDTH_FENCE.get(bm, ())
@@ -573,7 +592,7 @@ def gemm_bn(type_name: str, block_size: int, bm: int, dtype) -> int:
     if bm != 16:
         if not swap_ab(type_name, bm, dtype):
             return 32
-        return 128 if block_size < 256 else 64
+        return 128 if block_size < 256 or two_warpgroups(type_name, bm, dtype) else 64
     half = {"fp16": GEMM_M16_BN_F16, "bf16": GEMM_M16_BN_BF16}.get(act_name(dtype), {})
     if type_name in half and on_this_triton(GEMM_M16_WIDE_FROM_TRITON, type_name):
         return half[type_name]
@@ -700,7 +719,7 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     if bm == 128 and not swap_ab(type_name, bm, dtype):
         bm = 64  # BM = 128 is a swapped tile only (swap_ab): float32 x takes BM = 64 there
     bn = gemm_bn(type_name, block_size, bm, dtype)
-    default = {"BN": bn, "num_warps": 8 if bm == 128 and bn == 128 else 4, "num_stages": 2,
+    default = {"BN": bn, "num_warps": tile_warps(type_name, bm, bn, dtype), "num_stages": 2,
                "STEP_BLOCKS": gemm_step_blocks(block_size)}
     if tile is not None:
         cfg = {"BM": bm, **default, **tile}
@@ -993,13 +1012,7 @@ MOE_RULE: dict[str, tuple] = {
         (None, 'tiles_bm64'),
     ),
     'NVFP4': ((1.099, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'Q2_K': (
-        (1.0, 'gemv'),
-        (2.302, 'gemv_x2'),
-        (8.003, 'tiles_bm16'),
-        (32.001, 'tiles_bm32'),
-        (None, 'tiles_bm64'),
-    ),
+    'Q2_K': ((1.0, 'gemv'), (2.302, 'gemv_x2'), (8.003, 'tiles_bm16'), (None, 'tiles_bm64')),
     'Q3_K': (
         (1.0, 'gemv'),
         (1.568, 'gemv_x2'),
@@ -1016,14 +1029,8 @@ MOE_RULE: dict[str, tuple] = {
     'Q5_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q6_K': ((1.0, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
     'Q8_0': ((1.0, 'gemv'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'TQ1_0': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (32.001, 'tiles_bm32'), (None, 'tiles_bm64')),
-    'TQ2_0': (
-        (1.0, 'gemv'),
-        (1.568, 'gemv_x2'),
-        (16.001, 'tiles_bm16'),
-        (32.001, 'tiles_bm32'),
-        (None, 'tiles_bm64'),
-    ),
+    'TQ1_0': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (None, 'tiles_bm64')),
+    'TQ2_0': ((1.0, 'gemv'), (1.568, 'gemv_x2'), (16.001, 'tiles_bm16'), (None, 'tiles_bm64')),
 }
 # END estimate_paths --experts --write-configs
 
@@ -1128,8 +1135,8 @@ def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: 
     step = gemm_step_blocks(block_size)
     if n_blocks is not None:
         step = dividing_step(step, n_blocks)
-    cfg = fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": 4, "num_stages": 2,
-                                                     "STEP_BLOCKS": step}, device, dtype)
+    cfg = fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": tile_warps(type_name, bm, bn, dtype),
+                                                     "num_stages": 2, "STEP_BLOCKS": step}, device, dtype)
     split_k = 1
     if routing is not None and n is not None and n_blocks is not None:
         tiles = math.ceil(expert_tiles(*routing, cfg["BM"])) * -(-n // cfg["BN"])

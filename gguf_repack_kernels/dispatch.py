@@ -184,11 +184,12 @@ def _clean_split_k_workspace(m: int, n: int, counters: int, split_k: int, out: t
     return buffer[:m * n], buffer[m * n:m * n + counters].view(torch.int32)
 
 
-def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
+def gemm_dequant(fmt: Format, dtype, bm: int, warps: int = 4) -> dict:
     """The fused GEMM's dequant function, DQ, the dtype it returns, DQ_DT, and the order of
     its columns, XRUN, for its BM-row tile and x of `dtype`: the type's half-precision
     function where it takes x's dtype (registry.py; from BM = 64 on its wide_f16 where it has
-    that; below, where the installed Triton may take it:
+    that, but in a BM = 64 tile of `warps` 8 over two warpgroups, configs.two_warpgroups: a
+    tuner's 4-warp tile keeps wide_f16; below, where the installed Triton may take it:
     configs.half_dequant_allowed; at BM = 16 its scaled_after where it has one, BLOCK_SCALE
     its block's scale, or its narrow_f16 where configs.narrow_half_allowed), else the
     float32 one; FENCE, whether the tile fences its weight tile (configs.kwidth_fence); and
@@ -200,7 +201,8 @@ def gemm_dequant(fmt: Format, dtype, bm: int) -> dict:
     half = fmt.half_dequant(act)
     if half is None:
         return float32
-    if bm >= 64 and fmt.wide_f16 is not None:
+    two_warpgroups = warps == 8 and configs.two_warpgroups(fmt.name, bm, act)
+    if bm >= 64 and fmt.wide_f16 is not None and not two_warpgroups:
         function, run = fmt.wide_f16
         if function is fmt.dequant:
             return float32
@@ -271,7 +273,7 @@ def _matmul(x, x2, planes, fmt, n, b, path, tile):
         gemm_kernel[grid](*args, x2, out, sums, counts, m, n, b, x2.stride(0), out.stride(0),
                           BLOCK=fmt.block_size, BM=cfg["BM"], BN=cfg["BN"],
                           IEEE=x.dtype == torch.float32, SPLIT_K=cfg["SPLIT_K"],
-                          **gemm_dequant(fmt, x.dtype, cfg["BM"]),
+                          **gemm_dequant(fmt, x.dtype, cfg["BM"], cfg["num_warps"]),
                           SWAP=configs.swap_ab(type_name, cfg["BM"], x.dtype),
                           STEP_BLOCKS=cfg["STEP_BLOCKS"], num_warps=cfg["num_warps"],
                           num_stages=cfg["num_stages"])
@@ -435,7 +437,7 @@ def _expert_kernels(x, x2, ids, planes, fmt, shape, path, routed):
     moe_gemm_kernel[grid](*args, *strides, x2, x_rows, out_rows, tile_expert, n_experts, out, sums,
                           counts, n, b, x2.stride(0), out.stride(0), BLOCK=fmt.block_size,
                           BM=cfg["BM"], BN=cfg["BN"], IEEE=x.dtype == torch.float32,
-                          **gemm_dequant(fmt, x.dtype, cfg["BM"]),
+                          **gemm_dequant(fmt, x.dtype, cfg["BM"], cfg["num_warps"]),
                           SWAP=configs.swap_ab(fmt.name, cfg["BM"], x.dtype),
                           STEP_BLOCKS=cfg["STEP_BLOCKS"], SPLIT_K=cfg["SPLIT_K"],
                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

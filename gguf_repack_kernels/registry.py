@@ -50,7 +50,8 @@ thread c taking run c of every 32 (-3, formats_iquants.signed_grid8_f16), and TQ
 digits, thread c taking a quarter of each run of bytes (-4, formats_other.tq1_0_half). Where that
 function needs more registers than a 64-row tile's accumulator leaves (IQ4_XS's lookups,
 Q2_K, the grid types, TQ1_0), `wide_f16` names the one the tiles of BM >= 64 take, with its order
-("float32": the type's float32 function; else one taking DT, float16 or bfloat16).
+("float32": the type's float32 function; else one taking DT, float16 or bfloat16), but for a
+BM = 64 tile over two warpgroups, which has the registers (configs.BM64_TWO_WARPGROUPS).
 
 In bfloat16 (vLLM's default activation dtype) the same function, in the same order, unpacks
 under bfloat16's exponent (fields.py: 128 + a value under 128, exactly) and does its
