@@ -454,11 +454,12 @@ BM128_NARROW = frozenset(["Q6_K"])
 # tile takes their BM < 64 one (dispatch.gemm_dequant). sm_90 SASS, fp16 x, warp-instructions
 # a weight byte (the bound its issue allows), Triton 3.9: Q2_K 0.72 -> 0.43 (0.30 -> 0.51),
 # TQ2_0 0.72 -> 0.41 (0.30 -> 0.53), TQ1_0 1.72 -> 0.67 (0.13 -> 0.33); Triton 3.6 0.30 ->
-# 0.38, 0.24 -> 0.52, 0.12 -> 0.33; no spills with either, bfloat16 x alike. Not Q3_K (its
-# tile spills 22 bytes with q3_k_half, 2-27 with bfloat16 x and q3_k_half_m16), nor the grid
-# types and IQ1 (72-449 bytes), nor BM = 128 (BM = 128 x BN = 128: Q2_K, TQ2_0 82-94 bytes).
+# 0.38, 0.24 -> 0.52, 0.12 -> 0.33; no spills with either, bfloat16 x alike. Q3_K's at 3
+# pipeline stages (its loads then kept in shared memory: at 2 the tile spills 22-35 bytes):
+# 0.72 -> 0.45 (0.30 -> 0.49), Triton 3.6 0.29 -> 0.48. Not the grid types and IQ1 (72-449
+# bytes), nor BM = 128 (BM = 128 x BN = 128: Q2_K, TQ2_0 82-94 bytes). {type: stages};
 # BENCHMARKS.md "The BM = 64 tile over two warpgroups".
-BM64_TWO_WARPGROUPS = frozenset(["Q2_K", "TQ1_0", "TQ2_0"])
+BM64_TWO_WARPGROUPS = {"Q2_K": 2, "Q3_K": 3, "TQ1_0": 2, "TQ2_0": 2}
 # Swapped at BM = 32 only (with their half-precision functions, float16 or bfloat16 x): the
 # grid types' swapped 64-row tiles spill (sm_90, fp16 x: IQ2_XXS 72 bytes with its float16
 # function, 31 with the float32 one), and so did their swapped 32-row ones with the float32
@@ -563,6 +564,12 @@ def tile_warps(type_name: str, bm: int, bn: int, dtype) -> int:
     """The fused and the expert GEMM's warps for a BM x BN tile: 8 for the swapped tiles over
     two warpgroups (BM = 128 with BN = 128, and two_warpgroups), else 4."""
     return 8 if (bm == 128 and bn == 128) or (two_warpgroups(type_name, bm, dtype) and bn == 128) else 4
+
+
+def tile_stages(type_name: str, bm: int, dtype) -> int:
+    """The fused and the expert GEMM's pipeline stages: 2, but for a tile over two warpgroups
+    its type's (BM64_TWO_WARPGROUPS)."""
+    return BM64_TWO_WARPGROUPS[type_name] if two_warpgroups(type_name, bm, dtype) else 2
 
 
 def kwidth_fence(type_name: str, bm: int, dtype) -> bool:
@@ -719,7 +726,8 @@ def gemm_config(type_name: str, block_size: int, m: int, n: int, n_blocks: int,
     if bm == 128 and not swap_ab(type_name, bm, dtype):
         bm = 64  # BM = 128 is a swapped tile only (swap_ab): float32 x takes BM = 64 there
     bn = gemm_bn(type_name, block_size, bm, dtype)
-    default = {"BN": bn, "num_warps": tile_warps(type_name, bm, bn, dtype), "num_stages": 2,
+    default = {"BN": bn, "num_warps": tile_warps(type_name, bm, bn, dtype),
+               "num_stages": tile_stages(type_name, bm, dtype),
                "STEP_BLOCKS": gemm_step_blocks(block_size)}
     if tile is not None:
         cfg = {"BM": bm, **default, **tile}
@@ -1018,7 +1026,7 @@ MOE_RULE: dict[str, tuple] = {
         (1.568, 'gemv_x2'),
         (4.07, 'gemv_x4'),
         (8.003, 'tiles_bm16'),
-        (32.001, 'tiles_bm32'),
+        (16.001, 'tiles_bm32'),
         (None, 'tiles_bm64'),
     ),
     'Q4_0': ((1.099, 'gemv'), (8.003, 'tiles_bm16'), (16.001, 'tiles_bm32'), (None, 'tiles_bm64')),
@@ -1136,7 +1144,8 @@ def moe_config(type_name: str, block_size: int, rows_per_expert: float, device: 
     if n_blocks is not None:
         step = dividing_step(step, n_blocks)
     cfg = fit_shared_memory(type_name, block_size, {"BM": bm, "BN": bn, "num_warps": tile_warps(type_name, bm, bn, dtype),
-                                                     "num_stages": 2, "STEP_BLOCKS": step}, device, dtype)
+                                                     "num_stages": tile_stages(type_name, bm, dtype),
+                                                     "STEP_BLOCKS": step}, device, dtype)
     split_k = 1
     if routing is not None and n is not None and n_blocks is not None:
         tiles = math.ceil(expert_tiles(*routing, cfg["BM"])) * -(-n // cfg["BN"])

@@ -34,7 +34,8 @@ def default_tile(name, bm, act="fp16"):
             and not (name in configs.SWAP_AB_BM32_ONLY and bm > 32)):
         bn = 64 if block >= 256 else 128
         if bm == 64 and name in configs.BM64_TWO_WARPGROUPS:  # its float16 function, 8 warps
-            return {"BM": bm, "BN": 128, "num_warps": 8, "num_stages": 2, "STEP_BLOCKS": max(1, 128 // block)}
+            return {"BM": bm, "BN": 128, "num_warps": 8, "num_stages": configs.BM64_TWO_WARPGROUPS[name],
+                    "STEP_BLOCKS": max(1, 128 // block)}
     step = max(1, 128 // block)  # a K step of 128 weights
     if bm == 128:  # swapped only; two warpgroups for 256-weight blocks (not Q6_K's: it spills)
         bn = 128 if block >= 256 and name not in configs.BM128_NARROW else 64
@@ -67,7 +68,7 @@ def test_every_launched_tile_fits_its_device_by_the_estimate(arch, act):
                                                   arch, act, cfg["STEP_BLOCKS"])
             assert need <= device.shared_memory, (name, kind, m, cfg, need)
             default = default_tile(name, cfg["BM"], act)
-            fits = configs.shared_memory_estimate(name, block, cfg["BM"], default["BN"], 2, arch,
+            fits = configs.shared_memory_estimate(name, block, cfg["BM"], default["BN"], default["num_stages"], arch,
                                                   act, default["STEP_BLOCKS"]) <= device.shared_memory
             assert (cfg == default) == fits, (name, kind, m, cfg)
 
