@@ -190,35 +190,45 @@ def f16_halves(v, DT: tl.constexpr = tl.float16):
 
 
 @triton.jit
-def nibbles_f16(w, RUN: tl.constexpr, Z, DT: tl.constexpr = tl.float16):
+def nibbles_f16(w, RUN: tl.constexpr, Z, DT: tl.constexpr = tl.float16, LESS: tl.constexpr = 0):
     """int32 [R, n] (the words of n * 4 bytes of nibbles, read as runs of RUN words) ->
-    float16 [R, 8n], 1024 + each nibble, exactly (bfloat16: 128 + each), in ggml's order: per
-    run, every byte's low nibble, then every high one. Z: opaque_zero (keeps the two masks
-    in registers)."""
+    float16 (or DT) [R, 8n], each nibble less LESS, exactly, in ggml's order: per run, every
+    byte's low nibble, then every high one. Z: opaque_zero (keeps the masks in registers).
+    In float16 a high nibble is left at bits 4-7, under an exponent that makes bit 4 worth 1
+    (64 + the nibble, a low one 1024 + it): a shift by 8 a word, not one a pair of weights."""
     R: tl.constexpr = w.shape[0]
     n: tl.constexpr = w.shape[1]
-    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
     t = swap_middle_bytes(w)[:, :, None, None]
     high = tl.arange(0, 2)[None, None, :, None]  # low or high nibbles
     pair = tl.arange(0, 2)[None, None, None, :]  # bytes 0, 1 or 2, 3 of the word
-    v = (t >> (4 * high + 8 * pair)) & (0x000F000F + Z) | (ONES + Z)
-    q = tl.reshape(f16_halves(v, DT), (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
+    if DT == tl.bfloat16:  # (bit 7 is an exponent bit there)
+        v = (t >> (4 * high + 8 * pair)) & (0x000F000F + Z) | (0x43004300 + Z)
+        q = f16_halves(v, DT) - (128.0 + LESS)
+    else:
+        ones = ((25 - 4 * high) << 10) * 0x10001
+        v = (t >> (8 * pair)) & (0x000F000F << 4 * high) | (ones + Z)
+        q = f16_halves(v, DT) - f16_halves((ones | (LESS << 4 * high) * 0x10001) + Z, DT)
+    q = tl.reshape(q, (R, n // RUN, RUN, 2, 2, 2))  # [R, run, word, high, pair, half]
     return tl.reshape(tl.permute(q, (0, 1, 3, 2, 4, 5)), (R, 8 * n))
 
 
 @triton.jit
 def nibbles_f16_fragments(w, Z, DT: tl.constexpr = tl.float16):
     """int32 [R, 32] (the 128 bytes of a 256-weight block's nibbles, 4 runs of 32 bytes:
-    run c's byte b holds weights 64c + b and 64c + 32 + b) -> float16 [R, 4, 8, 2, 2, 2],
-    1024 + each nibble (bfloat16: 128 + each), as (run c, word i, byte pair s1, high nibble
-    s0, half)."""
+    run c's byte b holds weights 64c + b and 64c + 32 + b) -> float16 (or DT) [R, 4, 8, 2, 2,
+    2], each nibble exactly, as (run c, word i, byte pair s1, high nibble s0, half)."""
     R: tl.constexpr = w.shape[0]
-    ONES: tl.constexpr = 0x43004300 if DT == tl.bfloat16 else 0x64006400
     t = swap_middle_bytes(w)[:, :, None]
-    s = tl.arange(0, 4)[None, None, :]  # shift 4s: (lo b0, lo b1), (hi ..), (lo b2, lo b3), (hi ..)
-    v = (t >> (4 * s)) & (0x000F000F + Z) | (ONES + Z)
-    q = tl.reshape(f16_halves(v, DT), (R, 4, 8, 2, 2, 2))  # [R, c, i, s1, s0, half]
-    return q
+    s = tl.arange(0, 4)[None, None, :]  # (lo b0, lo b1), (hi ..), (lo b2, lo b3), (hi ..)
+    if DT == tl.bfloat16:
+        v = (t >> (4 * s)) & (0x000F000F + Z) | (0x43004300 + Z)
+        return tl.reshape(f16_halves(v, DT) - 128.0, (R, 4, 8, 2, 2, 2))  # [R, c, i, s1, s0, half]
+    # float16: the high nibbles left at bits 4-7, under an exponent that makes bit 4 worth 1
+    # (64 + each): a shift by 8 a word, not one a pair
+    high = s % 2
+    ones = ((25 - 4 * high) << 10) * 0x10001
+    v = (t >> (8 * (s // 2))) & (0x000F000F << 4 * high) | (ones + Z)
+    return tl.reshape(f16_halves(v, DT) - f16_halves(ones + Z, DT), (R, 4, 8, 2, 2, 2))
 
 
 @triton.jit

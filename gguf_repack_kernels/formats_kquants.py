@@ -513,9 +513,8 @@ def q4_k_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
     holds the bound). sm_90 SASS, the swapped BM = 32 tile's K step: 791 -> 586
     instructions (BENCHMARKS.md "Each thread its own bytes")."""
     R: tl.constexpr = rows.shape[0]
-    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
     w = field_run(P3, j, rows, mask, N, 32, 0, 32, tl.int32)
-    q = nibbles_f16_fragments(w, row_zero(rows)[:, None, None], DT) - BASE  # [R, c, i, s1, s0, half]
+    q = nibbles_f16_fragments(w, row_zero(rows)[:, None, None], DT)  # [R, c, i, s1, s0, half]
     sc, mn = scales_mins(P2, j, rows, mask, N)  # sub-block 2c + s0
     # d and dmin loaded alone (fields.field_f16), a memory latency each a step: read in words
     # (field16_pair_in_words) they cost 2-8% more instructions a step, and the H200 found

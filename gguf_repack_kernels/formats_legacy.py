@@ -52,19 +52,18 @@ def q4_0_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 
 @triton.jit
-def nibbles_f16_block(P, j, rows, mask, N, DT: tl.constexpr = tl.float16):
-    """A 16-byte field of nibbles as 1024 + each nibble, float16 [R, 32] in ggml's order,
-    unpacked a word at a time (fields.nibbles_f16; bfloat16: 128 + each)."""
+def nibbles_f16_block(P, j, rows, mask, N, DT: tl.constexpr = tl.float16, LESS: tl.constexpr = 0):
+    """A 16-byte field of nibbles, each less LESS, exactly, float16 (or DT) [R, 32] in ggml's
+    order, unpacked a word at a time (fields.nibbles_f16)."""
     w = field_run(P, j, rows, mask, N, 4, 0, 4, tl.int32)
-    return nibbles_f16(w, 4, opaque_zero(N), DT)
+    return nibbles_f16(w, 4, opaque_zero(N), DT, LESS)
 
 
 @triton.jit
 def q4_0_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
-    # (1024 + q) - 1032 = q - 8 exactly, then one rounding: the float32 weight's (bfloat16:
-    # (128 + q) - 136, and d rounded to bfloat16 first: two roundings)
-    BIAS: tl.constexpr = 136.0 if DT == tl.bfloat16 else 1032.0
-    return field_h(P0, j, rows, mask, N, DT) * (nibbles_f16_block(P1, j, rows, mask, N, DT) - BIAS)
+    # q - 8 exactly, then one rounding: the float32 weight's (bfloat16: d rounded to bfloat16
+    # first: two roundings)
+    return field_h(P0, j, rows, mask, N, DT) * nibbles_f16_block(P1, j, rows, mask, N, DT, 8)
 
 
 @register("Q4_0", 32, ("d", "qs"), dot=q4_0_dot, dequant_half=q4_0_half)
@@ -92,8 +91,7 @@ def q4_1_dot(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, XB, SB, part, PARTS: t
 
 @triton.jit
 def q4_1_half(P0, P1, P2, P3, P4, TABLE, j, rows, mask, N, DT: tl.constexpr):
-    BASE: tl.constexpr = 128.0 if DT == tl.bfloat16 else 1024.0
-    q = nibbles_f16_block(P2, j, rows, mask, N, DT) - BASE
+    q = nibbles_f16_block(P2, j, rows, mask, N, DT)
     d, m = field16_pair_in_words(P0, P1, j, rows, mask, N)
     return f16_half(d).to(DT)[:, None] * q + f16_half(m).to(DT)[:, None]
 

@@ -376,12 +376,12 @@ def test_split_k_writes_every_output_element_itself(name, rng, monkeypatch):
 
 
 def test_under_expert_parallelism_the_path_follows_the_models_expert_count(rng, monkeypatch):
-    """A rank's stack of 2 of the model's 64 experts (the others' ids -1), 4 tokens of 2 slots:
-    an expert the model routes to gets 8 / 7.6 = 1.05 rows on average, which Q4_0's rule
-    gives the GEMV; counted by the stack alone (every slot local) it would be 4 rows, tiles.
-    Both products are right; `routed_experts` fewer than the stack holds is refused."""
+    """A rank's stack of 2 of the model's 256 experts (the others' ids -1), 4 tokens of 2
+    slots: an expert the model routes to gets 8 / 7.9 = 1.01 rows on average, which Q4_0's
+    rule gives the GEMV; counted by the stack alone (every slot local) it would be 4 rows,
+    tiles. Both products are right; `routed_experts` fewer than the stack holds is refused."""
     name, n, k = "Q4_0", 37, 256
-    assert kernels.configs.moe_choice(name, kernels.configs.routed_rows_per_expert(4, 2, 64)) == "gemv"
+    assert kernels.configs.moe_choice(name, kernels.configs.routed_rows_per_expert(4, 2, 256)) == "gemv"
     assert kernels.configs.moe_choice(name, kernels.configs.routed_rows_per_expert(4, 2, 2)) != "gemv"
     qtype, planes = make_planes(name, (2, n, k), rng)
     by_expert = dequantize_planes(planes, qtype).reshape(2, n, k)
@@ -390,7 +390,7 @@ def test_under_expert_parallelism_the_path_follows_the_models_expert_count(rng, 
     taken = []
     launch = kernels.dispatch._expert_kernels
     monkeypatch.setattr(kernels.dispatch, "_expert_kernels", lambda *a: taken.append(a[6]) or launch(*a))
-    for routed, path in ((64, "gemv"), (None, "tiles")):
+    for routed, path in ((256, "gemv"), (None, "tiles")):
         got = kernels.expert_matmul(x, ids, planes, name, (2, n, k), routed_experts=routed)
         assert taken.pop() == path
         rows = torch.from_numpy(as_q8_0(x.float().numpy())) if path == "gemv" else x.float()  # int8 x
@@ -817,24 +817,28 @@ def test_byte_lanes_ptx_puts_a_words_byte_pairs_in_16_bit_lanes():
 
 
 @triton.jit
-def _nibbles_f16_kernel(W, OUT, R: tl.constexpr, N: tl.constexpr, RUN: tl.constexpr):
+def _nibbles_f16_kernel(W, OUT, R: tl.constexpr, N: tl.constexpr, RUN: tl.constexpr, DT: tl.constexpr,
+                        LESS: tl.constexpr):
     w = tl.load(W + tl.arange(0, R)[:, None] * N + tl.arange(0, N)[None, :])
-    q = nibbles_f16(w, RUN, 0)
+    q = nibbles_f16(w, RUN, 0, DT, LESS)
     tl.store(OUT + tl.arange(0, R)[:, None] * (8 * N) + tl.arange(0, 8 * N)[None, :], q)
 
 
 @pytest.mark.parametrize("n, run", [(4, 4), (32, 8)])
-def test_nibbles_f16_is_1024_plus_each_nibble_in_ggml_order(n, run, rng):
-    """fields.nibbles_f16 (Q4_0's and Q4_1's 16 bytes, Q4_K's 4 runs of 32), in the
-    interpreter: 1024 + each nibble, per run of bytes every low nibble, then every high one
-    (gguf-py's order), against numpy on the bytes."""
+@pytest.mark.parametrize("dtype, less", [(torch.float16, 0), (torch.float16, 8), (torch.bfloat16, 8)])
+def test_nibbles_f16_is_each_nibble_less_less_in_ggml_order(n, run, dtype, less, rng):
+    """fields.nibbles_f16 (Q4_0's 16 bytes less 8, Q4_1's, Q4_K's 4 runs of 32), in the
+    interpreter: each nibble less LESS, exactly (in float16 the high ones unpacked in place
+    under another exponent), per run of bytes every low nibble, then every high one (gguf-py's
+    order), against numpy on the bytes."""
     r = 16
     raw = rng.integers(0, 256, (r, 4 * n), dtype=np.uint8)
     runs = raw.reshape(r, n // run, 4 * run)
-    expected = np.concatenate([runs & 15, runs >> 4], axis=2).reshape(r, 8 * n) + 1024.0
-    got = torch.empty(r, 8 * n, dtype=torch.float16)
-    _nibbles_f16_kernel[(1,)](torch.from_numpy(raw.view(np.int32).copy()), got, R=r, N=n, RUN=run)
-    assert np.array_equal(got.numpy().astype(np.float64), expected)
+    expected = np.concatenate([runs & 15, runs >> 4], axis=2).reshape(r, 8 * n) - float(less)
+    got = torch.empty(r, 8 * n, dtype=dtype)
+    _nibbles_f16_kernel[(1,)](torch.from_numpy(raw.view(np.int32).copy()), got, R=r, N=n, RUN=run,
+                              DT=tl.float16 if dtype == torch.float16 else tl.bfloat16, LESS=less)
+    assert np.array_equal(got.float().numpy().astype(np.float64), expected)
 
 
 def test_lookup16_bytes_ptx_gives_the_table_for_every_code_in_every_byte():
